@@ -1,0 +1,61 @@
+"""Artifact -> CausalLM: quantized linears from the packed §4 tensors, KV4 attention, fp16 rest."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from qoq.export.artifact import Artifact, ArtifactError, read_artifact
+from qoq.models.config import ModelConfig
+from qoq.models.llama import CausalLM
+from qoq.passes.base import BLOCK_LINEARS
+from qoq.quant.kv import fake_quant_kv
+from qoq.quant.linear import IntegerLinear
+from qoq.recipe import Format
+from qoq.registry import Registry
+
+# backend name -> (artifact tensors, linear prefix) -> module computing that linear
+LINEAR_BACKENDS: Registry = Registry("executor backend")
+LINEAR_BACKENDS.register("reference")(IntegerLinear.from_tensors)
+
+
+@LINEAR_BACKENDS.register("cuda")
+def _cuda_linear(tensors: dict, prefix: str):
+    from qoq.runtime_cuda.linear import CudaW4A8Linear  # needs a GPU and the JIT-built kernels
+
+    return CudaW4A8Linear.from_tensors(tensors, prefix)
+
+
+def _is_quantized_part(name: str, quantized_prefixes: set[str]) -> bool:
+    return name.rsplit(".", 1)[0] in quantized_prefixes
+
+
+def load_artifact_model(path: str | Path, backend: str = "reference", device: str | None = None,
+                        dtype: torch.dtype | None = None) -> tuple[CausalLM, Artifact]:
+    """Build the model an artifact describes. Defaults: CPU fp32 for `reference`, GPU fp16 for `cuda`."""
+    make_linear = LINEAR_BACKENDS.get(backend)
+    device = device or ("cuda" if backend == "cuda" else "cpu")
+    dtype = dtype or (torch.float16 if torch.device(device).type == "cuda" else torch.float32)
+    art = read_artifact(path)
+    cfg = ModelConfig.from_hf(art.config)
+    fmt = Format(**art.manifest["recipe"]["format"])
+    with torch.device("meta"):
+        lm = CausalLM(cfg)
+
+    quantized = {n[: -len(".qweight")] for n in art.tensors if n.endswith(".qweight")}
+    floats = {n: t.to(device=device, dtype=dtype) for n, t in art.tensors.items()
+              if not _is_quantized_part(n, quantized)}
+    lm.load_state_dict(floats, strict=False, assign=True)
+    if cfg.tie_word_embeddings:
+        lm.lm_head.weight = lm.model.embed_tokens.weight
+    for i, block in enumerate(lm.model.layers):
+        for name in BLOCK_LINEARS:
+            prefix = f"model.layers.{i}.{name}"
+            if prefix in quantized:
+                block.set_submodule(name, make_linear(art.tensors, prefix).to(device))
+        block.self_attn.kv_quant = fake_quant_kv if fmt.kv_bits == 4 else None
+    missing = [n for n, p in lm.named_parameters() if p.device.type == "meta"]
+    if missing:
+        raise ArtifactError(f"{art.path}: artifact lacks tensor {missing[0]} ({len(missing)} missing)")
+    return lm.eval(), art

@@ -1,0 +1,144 @@
+"""Block-by-block quantization: capture a block's calibration inputs, run the recipe's passes on it,
+swap in quantized linears, measure the block's output error, propagate to the next block, export.
+
+Peak memory is one float block plus the calibration activations (and the packed blocks so far).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from qoq import __version__
+from qoq.calibration import calibration_tokens, describe, load_spec
+from qoq.export.artifact import write_artifact
+from qoq.models.config import ModelConfig
+from qoq.models.loader import CheckpointReader, load_block, load_skeleton, load_tokenizer, resolve_model
+from qoq.passes.base import BLOCK_LINEARS, PASSES, BlockContext
+from qoq.passes.finalize import block_tensors, model_tensors, round_to_storage, swap_quantized
+from qoq.progress import StepProgress, peak_rss_gib, rss_gib
+from qoq.recipe import Recipe, RecipeError
+
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+    "vocab.json", "merges.txt", "generation_config.json", "chat_template.jinja",
+)
+CHUNK = 4  # calibration samples per block forward: bounds attention's temporary memory
+
+
+@dataclass
+class QuantizeResult:
+    output: Path
+    summary: dict
+    model: torch.nn.Module | None  # the in-memory (fake-quant) model, when asked to keep it
+
+
+def check_compatible(cfg: ModelConfig, recipe: Recipe) -> None:
+    """Refuse, before any work, a recipe whose format the model's shapes cannot take."""
+    if not recipe.quantizes_weights:
+        return
+    g = recipe.format.group_size
+    attn = cfg.num_heads * cfg.head_dim
+    kv = cfg.num_kv_heads * cfg.head_dim
+    shapes = {"q_proj": (attn, cfg.hidden_size), "k_proj": (kv, cfg.hidden_size),
+              "o_proj": (cfg.hidden_size, attn), "gate_proj": (cfg.intermediate_size, cfg.hidden_size),
+              "down_proj": (cfg.hidden_size, cfg.intermediate_size)}
+    for name, (n, k) in shapes.items():
+        if g > 0 and k % g:
+            alt = "w4a8kv4g64 or w4a8kv4 (per-channel)" if k % 64 == 0 else "w4a8kv4 (per-channel)"
+            raise RecipeError(
+                f"recipe '{recipe.name}' needs input sizes divisible by group {g}, but {name} has "
+                f"K = {k} ({k} % {g} = {k % g}); use {alt}")
+        if n % 32 or k % 32:
+            raise RecipeError(f"{name} is {n}x{k}: the packed W4 layout needs N and K multiples of 32")
+
+
+def _run_block(block, h: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    with torch.inference_mode():
+        return torch.cat([block(h[i : i + CHUNK], positions) for i in range(0, len(h), CHUNK)])
+
+
+def _relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def _files_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    for f in sorted(path.glob("*.safetensors")) + [path / "config.json"]:
+        with open(f, "rb") as fh:
+            while chunk := fh.read(1 << 24):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+def quantize_model(model: str, recipe: Recipe, output: Path, *, data_dir: Path | None = None,
+                   overwrite: bool = False, keep_model: bool = False, show_progress: bool = True
+                   ) -> QuantizeResult:
+    t0 = time.perf_counter()
+    output = Path(output)
+    if output.exists() and not overwrite:
+        raise FileExistsError(f"output {output} already exists (pass --overwrite to replace it)")
+    path = resolve_model(model)
+    reader = CheckpointReader(path)
+    cfg = ModelConfig.from_hf(reader.config())
+    check_compatible(cfg, recipe)
+    spec = load_spec(recipe.calibration.data)
+    c = recipe.calibration
+    tokens = calibration_tokens(spec, load_tokenizer(path), data_dir=data_dir, samples=c.samples,
+                                seq_len=c.seq_len, seed=c.seed)  # [n, T]
+
+    lm = load_skeleton(reader, cfg, dtype=torch.float32)  # blocks still on the meta device
+    round_to_storage(lm)
+    positions = torch.arange(tokens.shape[1])
+    with torch.inference_mode():
+        h = torch.cat([lm.embed(tokens[i : i + CHUNK]) for i in range(0, len(tokens), CHUNK)])
+
+    passes = [PASSES.get(name)() for name in recipe.passes]
+    tensors = model_tensors(lm, cfg)
+    records, errors = [], []
+    bar = StepProgress(f"quantize {recipe.name}", cfg.num_layers,
+                       ("layer", "passes", "out rel err", "seconds", "RSS GiB"), show_progress)
+    with bar.running():
+        for i in range(cfg.num_layers):
+            t_block = time.perf_counter()
+            block = load_block(reader, cfg, i, dtype=torch.float32, device="cpu")
+            reference = _run_block(block, h, positions)  # [n, T, H] float block output
+            ctx = BlockContext(i, cfg, recipe, h)
+            records.append({p.name: p.apply(block, ctx) for p in passes})
+            tensors.update(block_tensors(block, ctx.quantized, f"model.layers.{i}"))
+            swap_quantized(block, ctx.quantized, recipe.format)
+            round_to_storage(block)
+            h = _run_block(block, h, positions)  # propagate what the quantized model computes
+            errors.append(_relative_error(h, reference))
+            if keep_model:
+                lm.model.layers[i] = block
+            bar.row(i, "+".join(recipe.passes) or "-", errors[-1], time.perf_counter() - t_block, rss_gib())
+            del block, reference
+
+    summary = {
+        "model": model, "recipe": recipe.name, "layers": cfg.num_layers,
+        "block_rel_err_mean": sum(errors) / len(errors), "block_rel_err_max": max(errors),
+        "calibration": describe(spec, tokens),
+    }
+    manifest = {
+        "recipe": recipe.to_dict(),
+        "passes": [{"layer": i, **r} for i, r in enumerate(records)],
+        "calibration": summary["calibration"],
+        "source": {"model": model, "path": str(path), "sha256": _files_sha256(path)},
+        "block_rel_err": errors,
+    }
+    hf_config = dict(reader.config())
+    if recipe.quantizes_weights:
+        f = recipe.format
+        hf_config["quantization_config"] = {
+            "quant_method": "qoq", "wbits": f.weight_bits, "group_size": f.group_size,
+            "abits": f.act_bits, "kv_bits": f.kv_bits, "recipe": recipe.name, "producer": f"qoq {__version__}"}
+    hf_config["torch_dtype"] = "float16"
+    copy = [path / n for n in TOKENIZER_FILES if (path / n).exists()]
+    write_artifact(output, tensors, hf_config, manifest, copy_files=copy, overwrite=overwrite)
+    summary.update(output=str(output), seconds=time.perf_counter() - t0, peak_rss_gib=peak_rss_gib())
+    return QuantizeResult(output, summary, lm if keep_model else None)

@@ -1,0 +1,25 @@
+"""Dynamic per-token symmetric INT8 activations (DESIGN §3.3); math in fp32 whatever x's dtype."""
+
+from __future__ import annotations
+
+import torch
+
+ABS_MAX_FLOOR = 1e-6
+# 1e-6 / 127 underflows fp16 to 0: a token that small gets the smallest positive fp16 scale
+# instead, so nothing divides by zero (its codes stay exact: |x| / 2^-24 <= 127).
+SMALLEST_FP16_SCALE = 2.0**-24
+
+
+def quantize_tokens(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., K] -> (qx int8 [..., K] in -127..127, s_x fp16 [..., 1])."""
+    xf = x.float()
+    abs_max = xf.abs().amax(dim=-1, keepdim=True).clamp_min(ABS_MAX_FLOOR)  # [..., 1]
+    s_x = (abs_max / 127).half().clamp_min(SMALLEST_FP16_SCALE)
+    qx = torch.round(xf / s_x.float()).clamp(-127, 127).to(torch.int8)
+    return qx, s_x
+
+
+def fake_quant_tokens(x: torch.Tensor) -> torch.Tensor:
+    """x̂ = s_x * qx, computed in fp32, returned in x's dtype."""
+    qx, s_x = quantize_tokens(x)
+    return (qx.float() * s_x.float()).to(x.dtype)

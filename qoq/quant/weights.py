@@ -1,0 +1,120 @@
+"""4-bit weight quantizers: progressive group (DESIGN §3.1) and per channel (§3.2).
+
+All math in float32, scales stored as fp16, rounding half-to-even (torch.round). W is [N, K].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+PROTECTIVE_RANGE = 119  # level-0 range: keeps W8 = q*s2 - z inside int8 and q*s2 <= 255
+
+
+@dataclass
+class QuantizedWeight:
+    q: torch.Tensor  # uint8 [N, K], codes 0..15
+    s1: torch.Tensor  # fp16 [N]: level-0 scale (group) or the per-channel scale s
+    group_size: int  # -1 = per channel
+    s2: torch.Tensor | None = None  # int16 [N, K/g], level-1 integer scale
+    z: torch.Tensor | None = None  # int16 [N, K/g], integer zero of §3.1 (artifact stores -z)
+    szero: torch.Tensor | None = None  # fp16 [N], per-channel scaled zero z of §3.2
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.q.shape)
+
+    def w8(self) -> torch.Tensor:
+        """The integer weight seen by the INT8 MMA: q*s2 - z, int16 [N, K] (group only)."""
+        if self.group_size == -1:
+            raise ValueError("w8() is defined for progressive group weights, not per channel")
+        s2 = self.s2.repeat_interleave(self.group_size, dim=1)  # [N, K]
+        z = self.z.repeat_interleave(self.group_size, dim=1)
+        return self.q.to(torch.int16) * s2 - z
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Float weight [N, K]: s1*W8 (group) or q*s - z (per channel), computed in fp32."""
+        if self.group_size == -1:
+            w = self.q.float() * self.s1.float()[:, None] - self.szero.float()[:, None]
+        else:
+            w = self.s1.float()[:, None] * self.w8().float()
+        return w.to(dtype)
+
+
+def _check_matrix(w: torch.Tensor) -> torch.Tensor:
+    if w.dim() != 2:
+        raise ValueError(f"expected a weight matrix [N, K], got shape {tuple(w.shape)}")
+    w = w.float()
+    if not torch.isfinite(w).all():
+        raise ValueError("weight contains NaN or inf")
+    return w
+
+
+def _to_fp16_scale(x: torch.Tensor, what: str) -> torch.Tensor:
+    """fp16(x), with 0 (also from fp16 underflow) -> 1 so nothing divides by zero."""
+    x16 = x.half()
+    if not torch.isfinite(x16).all():
+        raise ValueError(f"{what} overflows fp16 (max {x.abs().max().item():.4g})")
+    return torch.where(x16 == 0, torch.ones_like(x16), x16)
+
+
+def quantize_progressive(w: torch.Tensor, group_size: int) -> QuantizedWeight:
+    """§3.1: per-channel symmetric level 0 (range 119), then per-group UINT4 with integer s2, z."""
+    w = _check_matrix(w)
+    n, k = w.shape
+    if group_size <= 0 or k % group_size:
+        raise ValueError(f"K={k} is not divisible by the group size {group_size}")
+    s1 = _to_fp16_scale(w.abs().amax(dim=1) / PROTECTIVE_RANGE, "level-0 scale s1")  # [N]
+    u = (w / s1.float()[:, None]).clamp(-PROTECTIVE_RANGE, PROTECTIVE_RANGE)  # [N, K], not rounded
+    ug = u.reshape(n, k // group_size, group_size)  # [N, G, g]
+    u_max, u_min = ug.amax(dim=2), ug.amin(dim=2)  # [N, G]
+    s2 = torch.round((u_max - u_min) / 15).clamp(1, 127)
+    z = torch.round(-u_min).clamp(-128, 127)
+    q = torch.round((ug + z[..., None]) / s2[..., None]).clamp(0, 15)  # [N, G, g]
+    qw = QuantizedWeight(
+        q=q.reshape(n, k).to(torch.uint8),
+        s1=s1,
+        group_size=group_size,
+        s2=s2.to(torch.int16),
+        z=z.to(torch.int16),
+    )
+    _check_int8_safety(qw)
+    return qw
+
+
+def _check_int8_safety(qw: QuantizedWeight) -> None:
+    """W8 must fit the INT8 MMA and q*s2 the byte-wise multiply (§3.1 step 3)."""
+    w8 = qw.w8()
+    if int(w8.min()) < -128 or int(w8.max()) > 127:
+        raise ValueError(f"W8 out of int8 range: [{int(w8.min())}, {int(w8.max())}]")
+    qs2 = qw.q.to(torch.int16) * qw.s2.repeat_interleave(qw.group_size, dim=1)
+    if int(qs2.max()) > 255:
+        raise ValueError(f"q*s2 = {int(qs2.max())} exceeds 255")
+
+
+def quantize_per_channel(w: torch.Tensor, clip_ratio: torch.Tensor | None = None) -> QuantizedWeight:
+    """§3.2: asymmetric UINT4 per output channel with a scaled fp16 zero; optional clip ratio [N]."""
+    w = _check_matrix(w)
+    r = torch.ones(w.shape[0]) if clip_ratio is None else clip_ratio.float().reshape(-1)
+    if r.shape[0] != w.shape[0]:
+        raise ValueError(f"clip_ratio has {r.shape[0]} entries, the weight has N={w.shape[0]} rows")
+    clipped = w * r.to(w.device)[:, None]  # [N, K]
+    v_max, v_min = clipped.amax(dim=1), clipped.amin(dim=1)  # [N]
+    s = _to_fp16_scale((v_max - v_min) / 15, "per-channel scale")
+    szero = (-v_min).half()
+    if not torch.isfinite(szero).all():
+        raise ValueError("per-channel zero overflows fp16")
+    q = torch.round((w + szero.float()[:, None]) / s.float()[:, None]).clamp(0, 15)
+    return QuantizedWeight(q=q.to(torch.uint8), s1=s, group_size=-1, szero=szero)
+
+
+def quantize_weight(
+    w: torch.Tensor, group_size: int, clip_ratio: torch.Tensor | None = None
+) -> QuantizedWeight:
+    """Dispatch on group_size: -1 = per channel (§3.2), else progressive groups (§3.1)."""
+    if group_size == -1:
+        return quantize_per_channel(w, clip_ratio)
+    if clip_ratio is not None:
+        raise ValueError("clip_ratio applies to per-channel weights (group_size=-1) only")
+    return quantize_progressive(w, group_size)

@@ -1,0 +1,55 @@
+"""The pipeline end to end on tiny random models: artifact written, executor == fake-quant model."""
+
+import pytest
+import torch
+
+from conftest import make_tiny_checkpoint
+from qoq.executor import load_artifact_model
+from qoq.export.artifact import read_artifact
+from qoq.passes.pipeline import quantize_model
+from qoq.recipe import load_recipe
+
+
+def _rel(a, b):
+    return ((a - b).norm() / b.norm()).item()
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory, tiny_tokenizer):
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("tiny"), tiny_tokenizer)
+
+
+@pytest.mark.parametrize("recipe", ["fp16", "w4a8kv4g128", "w4a8kv4g64", "w4a8kv4"])
+def test_executor_equals_fake_quant_model(tmp_path, tiny_dir, shared_data, recipe):
+    result = quantize_model(str(tiny_dir), load_recipe(recipe), tmp_path / "art", data_dir=shared_data,
+                            keep_model=True, show_progress=False)
+    executed, art = load_artifact_model(tmp_path / "art")
+    ids = torch.randint(0, 300, (2, 48), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        fake, real = result.model(ids), executed(ids)
+    assert _rel(real, fake) < 1e-4
+    names = set(art.tensors)
+    if recipe == "fp16":
+        assert "model.layers.0.mlp.down_proj.weight" in names and not any(n.endswith(".qweight") for n in names)
+        assert result.summary["block_rel_err_max"] < 1e-2  # only fp16 rounding of the weights
+    else:
+        q = "model.layers.1.self_attn.q_proj"
+        assert art.tensors[f"{q}.qweight"].shape == (128, 64) and art.tensors[f"{q}.qweight"].dtype == torch.int8
+        per_group = recipe != "w4a8kv4"
+        assert (f"{q}.s2_scales" in names) == per_group and (f"{q}.s1_szeros" in names) != per_group
+        assert art.config["quantization_config"]["group_size"] == load_recipe(recipe).format.group_size
+        assert 1e-3 < result.summary["block_rel_err_max"] < 0.5  # quantization error: present, bounded
+
+
+def test_quantized_model_is_close_to_float_on_real_text(tmp_path, tiny_dir, shared_data):
+    """A random tiny model's logits move, but not far, under W4A8KV4 g64."""
+    from qoq.models.loader import load_model
+
+    float_lm, _ = load_model(tiny_dir)
+    quantize_model(str(tiny_dir), load_recipe("w4a8kv4g64"), tmp_path / "a", data_dir=shared_data,
+                   show_progress=False)
+    lm, _ = load_artifact_model(tmp_path / "a")
+    ids = torch.randint(0, 300, (1, 64), generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode():
+        err = _rel(lm(ids), float_lm(ids))
+    assert 1e-3 < err < 0.3

@@ -1,0 +1,48 @@
+import pytest
+
+from qoq.models.config import ModelConfig
+from qoq.passes.pipeline import check_compatible
+from qoq.recipe import RecipeError, load_recipe, recipe_names
+
+
+def test_every_shipped_recipe_loads():
+    assert {"fp16", "w4a8kv4", "w4a8kv4g64", "w4a8kv4g128"} <= set(recipe_names())
+    r = load_recipe("w4a8kv4g128")
+    assert (r.format.weight_bits, r.format.group_size, r.format.act_bits, r.format.kv_bits) == (4, 128, 8, 4)
+    assert r.passes == ("rtn",)
+    assert load_recipe("w4a8kv4").format.group_size == -1
+    assert load_recipe("fp16").passes == ()
+
+
+@pytest.mark.parametrize("body, needle", [
+    ('passes = ["rtn"]\nflavour = 1\n', "unknown key 'flavour'"),
+    ('passes = ["rtn"]\n[format]\ngroupsize = 64\n', "unknown key 'format.groupsize'"),
+    ('passes = ["rtn"]\n[format]\ngroup_size = 32\n', "'format.group_size' = 32"),
+    ('passes = ["rtn"]\n[format]\nkv_bits = "4"\n', "'format.kv_bits' must be int"),
+    ('passes = ["magic"]\n', "unknown pass 'magic'"),
+    ('passes = []\n', "exactly one quantizing pass"),
+    ('passes = ["rtn"]\n[calibration]\nsamples = 0\n', "'calibration.samples' must be positive"),
+    ('passes = [\n', "not valid TOML"),
+])
+def test_bad_recipe_names_key_and_file(tmp_path, body, needle):
+    path = tmp_path / "mine.toml"
+    path.write_text(body)
+    with pytest.raises(RecipeError) as e:
+        load_recipe(str(path))
+    assert needle in str(e.value) and str(path) in str(e.value)
+
+
+def test_unknown_recipe_name_lists_known():
+    with pytest.raises(RecipeError, match="unknown recipe 'w4a16'.*w4a8kv4g128"):
+        load_recipe("w4a16")
+
+
+def test_g128_refuses_smollm2_shapes_and_points_to_alternatives():
+    smollm2 = ModelConfig.from_hf({
+        "model_type": "llama", "vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536,
+        "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "rms_norm_eps": 1e-5,
+        "max_position_embeddings": 8192, "tie_word_embeddings": True})
+    with pytest.raises(RecipeError, match=r"K = 576 \(576 % 128 = 64\); use w4a8kv4g64 or w4a8kv4"):
+        check_compatible(smollm2, load_recipe("w4a8kv4g128"))
+    check_compatible(smollm2, load_recipe("w4a8kv4g64"))
+    check_compatible(smollm2, load_recipe("w4a8kv4"))
