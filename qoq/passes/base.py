@@ -1,4 +1,5 @@
-"""What a pass sees: one decoder block, its calibration inputs, and the recipe."""
+"""What a pass sees: the model skeleton once, then one decoder block at a time with its calibration
+inputs. Passes are instantiated once per run, so state shared across blocks (a rotation) lives on self."""
 
 from __future__ import annotations
 
@@ -19,21 +20,47 @@ BLOCK_LINEARS = (
 
 
 @dataclass
+class ModelContext:
+    config: ModelConfig
+    recipe: Recipe
+    seed: int
+
+
+@dataclass
 class BlockContext:
     index: int
     config: ModelConfig
     recipe: Recipe
     inputs: torch.Tensor  # [n, T, H] calibration hidden states entering this block
+    position_ids: torch.Tensor  # [T]
+    # per-channel clip ratios r[n] by linear name (set by a clipping pass, used by the quantizer)
+    clip_ratios: dict[str, torch.Tensor] = field(default_factory=dict)
     # filled by the quantizing pass: linear name -> integer weight (the pipeline swaps the modules)
     quantized: dict[str, QuantizedWeight] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class NoOptions:
+    pass
+
+
 class Pass:
-    """A step of the recipe applied to one block. `apply` returns what the manifest records."""
+    """A step of a recipe. `prepare_model` runs once on the skeleton (embeddings, final norm, lm_head)
+    before calibration inputs are captured; `apply` runs on each block. Both return manifest records."""
 
     name: str = ""
     quantizes: bool = False  # produces ctx.quantized (exactly one such pass per 4-bit recipe)
     needs_calibration: bool = False
+    # exact passes keep the float function (rotation, smoothing, reorder): the block's reference output
+    # is taken after them, so the reported error is the quantization error alone
+    exact: bool = True
+    Options: type = NoOptions  # a frozen dataclass; recipe table [pass_options.NAME] fills it
+
+    def __init__(self, options=None):
+        self.options = options if options is not None else self.Options()
+
+    def prepare_model(self, lm: torch.nn.Module, ctx: ModelContext) -> dict:
+        return {}
 
     def apply(self, block: torch.nn.Module, ctx: BlockContext) -> dict:
         raise NotImplementedError

@@ -18,7 +18,7 @@ from qoq.calibration import calibration_tokens, describe, load_spec
 from qoq.export.artifact import write_artifact
 from qoq.models.config import ModelConfig
 from qoq.models.loader import CheckpointReader, load_block, load_skeleton, load_tokenizer, resolve_model
-from qoq.passes.base import BLOCK_LINEARS, PASSES, BlockContext
+from qoq.passes.base import PASSES, BlockContext, ModelContext
 from qoq.passes.finalize import block_tensors, model_tensors, round_to_storage, swap_quantized
 from qoq.progress import StepProgress, peak_rss_gib, rss_gib
 from qoq.recipe import Recipe, RecipeError
@@ -91,13 +91,15 @@ def quantize_model(model: str, recipe: Recipe, output: Path, *, data_dir: Path |
     tokens = calibration_tokens(spec, load_tokenizer(path), data_dir=data_dir, samples=c.samples,
                                 seq_len=c.seq_len, seed=c.seed)  # [n, T]
 
+    passes = [PASSES.get(name)(recipe.pass_options[name]) for name in recipe.passes]
     lm = load_skeleton(reader, cfg, dtype=torch.float32)  # blocks still on the meta device
+    model_ctx = ModelContext(cfg, recipe, recipe.calibration.seed)
+    model_records = {p.name: p.prepare_model(lm, model_ctx) for p in passes}
     round_to_storage(lm)
     positions = torch.arange(tokens.shape[1])
     with torch.inference_mode():
         h = torch.cat([lm.embed(tokens[i : i + CHUNK]) for i in range(0, len(tokens), CHUNK)])
 
-    passes = [PASSES.get(name)() for name in recipe.passes]
     tensors = model_tensors(lm, cfg)
     records, errors = [], []
     bar = StepProgress(f"quantize {recipe.name}", cfg.num_layers,
@@ -106,9 +108,15 @@ def quantize_model(model: str, recipe: Recipe, output: Path, *, data_dir: Path |
         for i in range(cfg.num_layers):
             t_block = time.perf_counter()
             block = load_block(reader, cfg, i, dtype=torch.float32, device="cpu")
-            reference = _run_block(block, h, positions)  # [n, T, H] float block output
-            ctx = BlockContext(i, cfg, recipe, h)
-            records.append({p.name: p.apply(block, ctx) for p in passes})
+            ctx = BlockContext(i, cfg, recipe, h, positions)
+            record, reference = {}, None
+            for p in passes:
+                if not p.exact and reference is None:
+                    reference = _run_block(block, h, positions)  # [n, T, H] float output, after exact passes
+                record[p.name] = p.apply(block, ctx)
+            if reference is None:
+                reference = _run_block(block, h, positions)
+            records.append(record)
             tensors.update(block_tensors(block, ctx.quantized, f"model.layers.{i}"))
             swap_quantized(block, ctx.quantized, recipe.format)
             round_to_storage(block)
@@ -122,16 +130,16 @@ def quantize_model(model: str, recipe: Recipe, output: Path, *, data_dir: Path |
     summary = {
         "model": model, "recipe": recipe.name, "layers": cfg.num_layers,
         "block_rel_err_mean": sum(errors) / len(errors), "block_rel_err_max": max(errors),
-        "calibration": describe(spec, tokens),
+        "calibration": describe(spec, tokens, data_dir, seed=c.seed),
     }
     manifest = {
         "recipe": recipe.to_dict(),
-        "passes": [{"layer": i, **r} for i, r in enumerate(records)],
+        "passes": {"model": model_records, "blocks": records},
         "calibration": summary["calibration"],
         "source": {"model": model, "path": str(path), "sha256": _files_sha256(path)},
         "block_rel_err": errors,
     }
-    hf_config = dict(reader.config())
+    hf_config = dict(cfg.hf)  # passes may have changed it (rotation unties the embeddings)
     if recipe.quantizes_weights:
         f = recipe.format
         hf_config["quantization_config"] = {

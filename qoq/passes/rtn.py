@@ -13,9 +13,11 @@ class RoundToNearest(Pass):
     name = "rtn"
     quantizes = True
 
+    exact = False
+
     def apply(self, block: torch.nn.Module, ctx: BlockContext) -> dict:
         group = ctx.recipe.format.group_size
         for name in BLOCK_LINEARS:
             weight = block.get_submodule(name).weight.detach().float()  # [N, K]
-            ctx.quantized[name] = quantize_weight(weight, group)
+            ctx.quantized[name] = quantize_weight(weight, group, clip_ratio=ctx.clip_ratios.get(name))
         return {"group_size": group}

@@ -1,0 +1,17 @@
+"""Accuracy evaluation of any callable model `input_ids [B, T] -> logits [B, T, V]`.
+
+`perplexity`: WikiText-2 perplexity (DESIGN §6). `lm_eval_adapter`: lm-eval tasks (needs `lm-eval`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def model_device(model) -> torch.device:
+    """Where to put input ids: the device of the model's first parameter, else the CPU."""
+    parameters = getattr(model, "parameters", None)
+    if parameters is not None:
+        for parameter in parameters():
+            return parameter.device
+    return torch.device("cpu")

@@ -1,0 +1,59 @@
+"""Calibration statistics of one block: what its linears see, gathered with forward hooks."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+
+CHUNK = 4  # calibration samples per forward
+
+
+@contextmanager
+def _hooks(block: torch.nn.Module, names, fn):
+    handles = [block.get_submodule(n).register_forward_hook(lambda m, args, out, n=n: fn(n, args[0]))
+               for n in names]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _run(block, inputs: torch.Tensor, position_ids: torch.Tensor) -> None:
+    with torch.inference_mode():
+        for i in range(0, len(inputs), CHUNK):
+            block(inputs[i : i + CHUNK], position_ids)
+
+
+def input_abs_max(block, inputs: torch.Tensor, position_ids: torch.Tensor, names) -> dict[str, torch.Tensor]:
+    """Per input channel max|x| of each named linear: {name: [K]} (streamed, no activations kept)."""
+    stats: dict[str, torch.Tensor] = {}
+
+    def record(name, x):  # x [B, T, K]
+        m = x.detach().abs().float().amax(dim=(0, 1))
+        stats[name] = m if name not in stats else torch.maximum(stats[name], m)
+
+    with _hooks(block, names, record):
+        _run(block, inputs, position_ids)
+    return stats
+
+
+def capture_inputs(block, inputs: torch.Tensor, position_ids: torch.Tensor, names,
+                   max_tokens: int | None = None, seed: int = 0) -> dict[str, torch.Tensor]:
+    """The inputs each named linear sees: {name: [tokens, K]} fp32, at most `max_tokens` rows
+    (a seeded uniform subsample, the same rows for every linear)."""
+    n, t = inputs.shape[:2]
+    keep = torch.arange(n * t)
+    if max_tokens is not None and n * t > max_tokens:
+        keep = torch.randperm(n * t, generator=torch.Generator().manual_seed(seed))[:max_tokens].sort().values
+    rows_per_chunk = [keep[(keep >= i * t) & (keep < (i + CHUNK) * t)] - i * t for i in range(0, n, CHUNK)]
+    seen: dict[str, list[torch.Tensor]] = {name: [] for name in names}
+
+    def record(name, x):  # x [B, T, K]; subsample per chunk so only kept rows are ever held
+        rows = rows_per_chunk[len(seen[name])]
+        seen[name].append(x.detach().float().reshape(-1, x.shape[-1])[rows])
+
+    with _hooks(block, names, record):
+        _run(block, inputs, position_ids)
+    return {name: torch.cat(xs) for name, xs in seen.items()}
