@@ -36,6 +36,7 @@ class Recipe:
     passes: tuple[str, ...]
     format: Format = field(default_factory=Format)
     calibration: Calibration = field(default_factory=Calibration)
+    pass_options: dict = field(default_factory=dict)  # pass name -> its Options dataclass
     source: str = ""
 
     @property
@@ -67,6 +68,8 @@ def _section(cls, raw: dict, section: str, where: str):
             known = ", ".join(defaults.__dataclass_fields__)
             raise RecipeError(f"{where}: unknown key '{section}.{key}' (known: {known})")
         expected = type(getattr(defaults, key))
+        if expected is float and type(value) is int:
+            value = float(value)
         if type(value) is not expected:
             raise RecipeError(f"{where}: '{section}.{key}' must be {expected.__name__}, got {value!r}")
         if key in _ALLOWED and value not in _ALLOWED[key]:
@@ -80,7 +83,7 @@ def _section(cls, raw: dict, section: str, where: str):
 def parse_recipe(raw: dict, name: str, where: str) -> Recipe:
     from qoq.passes import PASSES  # importing registers every pass
 
-    known = {"description", "passes", "format", "calibration"}
+    known = {"description", "passes", "format", "calibration", "pass_options"}
     for key in raw:
         if key not in known:
             raise RecipeError(f"{where}: unknown key '{key}' (known: {', '.join(sorted(known))})")
@@ -90,6 +93,14 @@ def parse_recipe(raw: dict, name: str, where: str) -> Recipe:
     for p in passes:
         if p not in PASSES:
             raise RecipeError(f"{where}: unknown pass '{p}' in 'passes' (known: {', '.join(PASSES.names())})")
+    options_raw = raw.get("pass_options", {})
+    if not isinstance(options_raw, dict):
+        raise RecipeError(f"{where}: [pass_options] must be a table of tables")
+    for p in options_raw:
+        if p not in passes:
+            raise RecipeError(f"{where}: 'pass_options.{p}' names a pass that is not in 'passes'")
+    options = {p: _section(PASSES.get(p).Options, options_raw.get(p, {}), f"pass_options.{p}", where)
+               for p in passes}
     fmt = _section(Format, raw.get("format", {}), "format", where)
     calib = _section(Calibration, raw.get("calibration", {}), "calibration", where)
     quantizers = [p for p in passes if PASSES.get(p).quantizes]
@@ -100,7 +111,7 @@ def parse_recipe(raw: dict, name: str, where: str) -> Recipe:
                           f"{fmt.weight_bits}: the runtime runs W4A8 or W16A16 linears")
     if fmt.weight_bits == 16 and quantizers:
         raise RecipeError(f"{where}: 'format.weight_bits' = 16 but passes {quantizers} quantize weights")
-    return Recipe(name, str(raw.get("description", "")), tuple(passes), fmt, calib, where)
+    return Recipe(name, str(raw.get("description", "")), tuple(passes), fmt, calib, options, where)
 
 
 def load_recipe(name_or_path: str) -> Recipe:
