@@ -1,0 +1,113 @@
+"""Bad input through the `qoq` command: exit 1, one line naming the problem, nothing half written."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from conftest import make_tiny_checkpoint
+from qoq.cli import app
+
+runner = CliRunner()
+
+
+def qoq(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def assert_one_line_error(result, *needles):
+    assert result.exit_code == 1, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory, tiny_tokenizer):
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("tiny"), tiny_tokenizer)
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory, tiny_dir, shared_data):
+    out = tmp_path_factory.mktemp("art") / "g64"
+    result = qoq("quantize", "--model", tiny_dir, "--recipe", "w4a8kv4g64", "--output", out,
+                 "--data-dir", shared_data, "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["layers"] == 2
+    return out
+
+
+def test_unknown_recipe_key(tmp_path, tiny_dir):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('passes = ["rtn"]\n[format]\nwbits = 4\n')
+    out = tmp_path / "out"
+    assert_one_line_error(qoq("quantize", "--model", tiny_dir, "--recipe", bad, "--output", out),
+                          "unknown key 'format.wbits'", str(bad))
+    assert not out.exists()
+
+
+def test_missing_model_path(tmp_path):
+    out = tmp_path / "out"
+    assert_one_line_error(qoq("quantize", "--model", tmp_path / "nope", "--output", out), "nope")
+    assert not out.exists()
+
+
+def test_group_not_dividing_k(tmp_path, tiny_tokenizer):
+    model = make_tiny_checkpoint(tmp_path / "m", tiny_tokenizer, hidden=192, heads=6, kv_heads=2, intermediate=384)
+    out = tmp_path / "out"
+    assert_one_line_error(qoq("quantize", "--model", model, "--recipe", "w4a8kv4g128", "--output", out),
+                          "K = 192", "w4a8kv4g64")
+    assert not out.exists() and not list(tmp_path.glob(".out*"))
+
+
+def test_inspect_reports_formats(artifact):
+    result = qoq("inspect", artifact, "--json")
+    assert result.exit_code == 0, result.output
+    info = json.loads(result.stdout)
+    assert info["compression_ratio"] > 1.5
+
+
+def _copy(artifact, tmp_path):
+    import shutil
+
+    dst = tmp_path / "copy"
+    shutil.copytree(artifact, dst)
+    return dst
+
+
+def test_truncated_safetensors(artifact, tmp_path):
+    art = _copy(artifact, tmp_path)
+    shard = art / "model.safetensors"
+    shard.write_bytes(shard.read_bytes()[:-1000])
+    assert_one_line_error(qoq("inspect", art), "model.safetensors")
+
+
+def test_flipped_byte_names_the_tensor(artifact, tmp_path):
+    art = _copy(artifact, tmp_path)
+    manifest = json.loads((art / "qoq.json").read_text())
+    shard = art / "model.safetensors"
+    data = bytearray(shard.read_bytes())
+    header = 8 + int.from_bytes(data[:8], "little")
+    name = "model.layers.1.mlp.down_proj.qweight"
+    start, _ = json.loads(data[8:header])[name]["data_offsets"]
+    data[header + start + 5] ^= 0x10
+    shard.write_bytes(bytes(data))
+    assert manifest["tensors"][name]["sha256"]
+    assert_one_line_error(qoq("eval", "wikitext2", art, "--windows", "1"), name, "checksum")
+
+
+def test_unknown_format_version(artifact, tmp_path):
+    art = _copy(artifact, tmp_path)
+    manifest = json.loads((art / "qoq.json").read_text())
+    manifest["format_version"] = 99
+    (art / "qoq.json").write_text(json.dumps(manifest))
+    assert_one_line_error(qoq("inspect", art), "format version 99")
+
+
+def test_recipes_list_and_show():
+    listed = qoq("recipes", "--json")
+    assert listed.exit_code == 0 and "w4a8kv4g128" in json.loads(listed.stdout)
+    shown = qoq("recipes", "show", "w4a8kv4g64", "--json")
+    assert json.loads(shown.stdout)["format"]["group_size"] == 64
+    assert_one_line_error(qoq("recipes", "show", "nope"), "unknown recipe 'nope'")
