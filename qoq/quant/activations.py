@@ -10,13 +10,14 @@ ABS_MAX_FLOOR = 1e-6
 SMALLEST_FP16_SCALE = 2.0**-24
 
 
-def quantize_tokens(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [..., K] -> (qx int8 [..., K] in -127..127, s_x fp16 [..., 1])."""
+def quantize_tokens(x: torch.Tensor, codes_dtype: torch.dtype = torch.int8) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., K] -> (qx [..., K] in -127..127, s_x fp16 [..., 1]). `codes_dtype` float32 keeps the
+    (exact, integer-valued) codes in fp32 for CPU matmuls, skipping two conversions."""
     xf = x.float()
     abs_max = xf.abs().amax(dim=-1, keepdim=True).clamp_min(ABS_MAX_FLOOR)  # [..., 1]
     s_x = (abs_max / 127).half().clamp_min(SMALLEST_FP16_SCALE)
-    qx = torch.round(xf / s_x.float()).clamp(-127, 127).to(torch.int8)
-    return qx, s_x
+    qx = torch.round(xf / s_x.float()).clamp_(-127, 127)
+    return qx.to(codes_dtype), s_x
 
 
 def fake_quant_tokens(x: torch.Tensor) -> torch.Tensor:

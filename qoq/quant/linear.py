@@ -64,28 +64,45 @@ class IntegerLinear(nn.Module):
             raise ValueError(f"{prefix}: W8 = q*s2 - z leaves int8 range [{int(w8.min())}, {int(w8.max())}]")
         return cls(w8, get("s1_scales"), None, bias)
 
+    def _weight_f32(self) -> torch.Tensor:
+        """The integer weight as exact fp32 values, converted once per device (CPU path)."""
+        if getattr(self, "_w_f32", None) is None or self._w_f32.device != self.weight.device:
+            self._w_f32 = self.weight.float()  # [N, K]
+        return self._w_f32
+
+    def _accumulate_cpu(self, qx: torch.Tensor) -> torch.Tensor:
+        """Exact Σ qx·W from fp32 codes [M, K]: fp32 GEMMs over K-chunks whose partial sums stay below
+        2^24 (|qx·w| <= 127*128) are exact in any summation order; more chunks add up in float64."""
+        w = self._weight_f32()
+        k = qx.shape[1]
+        if k <= EXACT_FP32_CHUNK:
+            return qx @ w.t()  # [M, N], exact integers in fp32
+        acc = None
+        for k0 in range(0, k, EXACT_FP32_CHUNK):
+            part = (qx[:, k0 : k0 + EXACT_FP32_CHUNK] @ w[:, k0 : k0 + EXACT_FP32_CHUNK].t()).double()
+            acc = part if acc is None else acc.add_(part)
+        return acc
+
     def accumulate(self, qx: torch.Tensor) -> torch.Tensor:
-        """Exact Σ_k qx[t,k]·W[n,k]: int8 [M, K] -> int32 [M, N] (int64 on the float64 path)."""
+        """Exact Σ_k qx[t,k]·W[n,k]: int8 [M, K] -> int32 [M, N] (int64 on the float paths)."""
         m, k = qx.shape
         n = self.weight.shape[0]
         if qx.is_cuda and m > 16 and k % 8 == 0 and n % 8 == 0:
             return torch._int_mm(qx, self.weight.t())
         if qx.is_cuda:  # float64 sums of integers are exact while |acc| < 2^53
             return (qx.double() @ self.weight.double().t()).to(torch.int64)
-        # CPU: fp32 GEMMs over K-chunks whose partial sums stay below 2^24 (|qx·w| <= 127*128) are
-        # exact in any summation order; the chunks add up in int64. As fast as a float matmul.
-        acc = torch.zeros(m, n, dtype=torch.int64)
-        w = self.weight.float()
-        for k0 in range(0, k, EXACT_FP32_CHUNK):
-            acc += (qx[:, k0 : k0 + EXACT_FP32_CHUNK].float() @ w[:, k0 : k0 + EXACT_FP32_CHUNK].t()).to(torch.int64)
-        return acc
+        return self._accumulate_cpu(qx.float()).to(torch.int64)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, x.shape[-1])  # [M, K]
-        qx, s_x = quantize_tokens(x2)
-        acc = self.accumulate(qx).float()  # [M, N]; int32 -> fp32 as the epilogue sees it
-        y = s_x.float() * self.s1.float() * acc
+        if x2.is_cuda:
+            qx, s_x = quantize_tokens(x2)
+            acc = self.accumulate(qx).float()  # [M, N]; int32 -> fp32 as the epilogue sees it
+        else:
+            qx, s_x = quantize_tokens(x2, codes_dtype=torch.float32)
+            acc = self._accumulate_cpu(qx).float()  # same values, no int round trips
+        y = acc.mul_(s_x.float()).mul_(self.s1.float())
         if self.szero is not None:
             y = y - x2.float().sum(dim=-1, keepdim=True) * self.szero.float()
         if self.bias is not None:

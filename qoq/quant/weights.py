@@ -5,7 +5,7 @@ All math in float32, scales stored as fp16, rounding half-to-even (torch.round).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -33,6 +33,15 @@ class QuantizedWeight:
         z = self.z.repeat_interleave(self.group_size, dim=1)
         return self.q.to(torch.int16) * s2 - z
 
+    def with_codes(self, q: torch.Tensor) -> "QuantizedWeight":
+        """The same scales with other codes q uint8 [N, K] (e.g. GPTQ's), checked like a fresh one."""
+        if q.shape != self.q.shape or q.dtype != torch.uint8 or int(q.max()) > 15:
+            raise ValueError(f"codes must be uint8 {tuple(self.q.shape)} in 0..15, got {q.dtype} {tuple(q.shape)}")
+        qw = replace(self, q=q)
+        if qw.group_size != -1:
+            _check_int8_safety(qw)
+        return qw
+
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Float weight [N, K]: s1*W8 (group) or q*s - z (per channel), computed in fp32."""
         if self.group_size == -1:
@@ -59,21 +68,47 @@ def _to_fp16_scale(x: torch.Tensor, what: str) -> torch.Tensor:
     return torch.where(x16 == 0, torch.ones_like(x16), x16)
 
 
-def quantize_progressive(w: torch.Tensor, group_size: int) -> QuantizedWeight:
-    """§3.1: per-channel symmetric level 0 (range 119), then per-group UINT4 with integer s2, z."""
+def _clip_ratios(clip_ratio: torch.Tensor | None, n: int, device) -> torch.Tensor:
+    """Per output channel clip ratio r [N] fp32 (ones without clipping), checked."""
+    if clip_ratio is None:
+        return torch.ones(n, device=device)
+    r = clip_ratio.float().reshape(-1).to(device)
+    if r.shape[0] != n:
+        raise ValueError(f"clip_ratio has {r.shape[0]} entries, the weight has N={n} rows")
+    if not (torch.isfinite(r).all() and (r > 0).all()):
+        raise ValueError("clip_ratio must be positive and finite")
+    return r
+
+
+def _progressive_codes(w: torch.Tensor, s1: torch.Tensor, s2: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """§3.1 codes of w [N, C] given s1 [N] and the per-column s2, z [N, C] (fp32). Because U is
+    clamped to +-119 and s2 <= 16, W8 = q*s2 - z stays in [-127, 127] for any w, on or off the grid."""
+    u = (w / s1.float()[:, None]).clamp(-PROTECTIVE_RANGE, PROTECTIVE_RANGE)
+    return torch.round((u + z) / s2).clamp(0, 15)
+
+
+def _per_channel_codes(w: torch.Tensor, s: torch.Tensor, szero: torch.Tensor) -> torch.Tensor:
+    """§3.2 codes of w [N, C] given s, szero [N]."""
+    return torch.round((w + szero.float()[:, None]) / s.float()[:, None]).clamp(0, 15)
+
+
+def quantize_progressive(w: torch.Tensor, group_size: int, clip_ratio: torch.Tensor | None = None) -> QuantizedWeight:
+    """§3.1: per-channel symmetric level 0 (range 119), then per-group UINT4 with integer s2, z.
+    A clip ratio r [N] shrinks the level-0 range: s1 = fp16(r*max|W|/119), so |W| > r*max clamps."""
     w = _check_matrix(w)
     n, k = w.shape
     if group_size <= 0 or k % group_size:
         raise ValueError(f"K={k} is not divisible by the group size {group_size}")
-    s1 = _to_fp16_scale(w.abs().amax(dim=1) / PROTECTIVE_RANGE, "level-0 scale s1")  # [N]
+    r = _clip_ratios(clip_ratio, n, w.device)
+    s1 = _to_fp16_scale(r * w.abs().amax(dim=1) / PROTECTIVE_RANGE, "level-0 scale s1")  # [N]
     u = (w / s1.float()[:, None]).clamp(-PROTECTIVE_RANGE, PROTECTIVE_RANGE)  # [N, K], not rounded
     ug = u.reshape(n, k // group_size, group_size)  # [N, G, g]
     u_max, u_min = ug.amax(dim=2), ug.amin(dim=2)  # [N, G]
     s2 = torch.round((u_max - u_min) / 15).clamp(1, 127)
     z = torch.round(-u_min).clamp(-128, 127)
-    q = torch.round((ug + z[..., None]) / s2[..., None]).clamp(0, 15)  # [N, G, g]
+    q = _progressive_codes(w, s1, s2.repeat_interleave(group_size, 1), z.repeat_interleave(group_size, 1))
     qw = QuantizedWeight(
-        q=q.reshape(n, k).to(torch.uint8),
+        q=q.to(torch.uint8),
         s1=s1,
         group_size=group_size,
         s2=s2.to(torch.int16),
@@ -96,16 +131,14 @@ def _check_int8_safety(qw: QuantizedWeight) -> None:
 def quantize_per_channel(w: torch.Tensor, clip_ratio: torch.Tensor | None = None) -> QuantizedWeight:
     """§3.2: asymmetric UINT4 per output channel with a scaled fp16 zero; optional clip ratio [N]."""
     w = _check_matrix(w)
-    r = torch.ones(w.shape[0]) if clip_ratio is None else clip_ratio.float().reshape(-1)
-    if r.shape[0] != w.shape[0]:
-        raise ValueError(f"clip_ratio has {r.shape[0]} entries, the weight has N={w.shape[0]} rows")
-    clipped = w * r.to(w.device)[:, None]  # [N, K]
+    r = _clip_ratios(clip_ratio, w.shape[0], w.device)
+    clipped = w * r[:, None]  # [N, K]
     v_max, v_min = clipped.amax(dim=1), clipped.amin(dim=1)  # [N]
     s = _to_fp16_scale((v_max - v_min) / 15, "per-channel scale")
     szero = (-v_min).half()
     if not torch.isfinite(szero).all():
         raise ValueError("per-channel zero overflows fp16")
-    q = torch.round((w + szero.float()[:, None]) / s.float()[:, None]).clamp(0, 15)
+    q = _per_channel_codes(w, s, szero)
     return QuantizedWeight(q=q.to(torch.uint8), s1=s, group_size=-1, szero=szero)
 
 
@@ -115,6 +148,23 @@ def quantize_weight(
     """Dispatch on group_size: -1 = per channel (§3.2), else progressive groups (§3.1)."""
     if group_size == -1:
         return quantize_per_channel(w, clip_ratio)
-    if clip_ratio is not None:
-        raise ValueError("clip_ratio applies to per-channel weights (group_size=-1) only")
-    return quantize_progressive(w, group_size)
+    return quantize_progressive(w, group_size, clip_ratio)
+
+
+def round_onto_grid(w: torch.Tensor, grid: QuantizedWeight, columns: torch.Tensor | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize w [N, C] onto the FIXED scales of `grid` (s1, s2, z or s, szero), as the columns
+    `columns` [C] of the grid's [N, K] weight (all K when None). Returns codes uint8 [N, C] and the
+    dequantized values fp32 [N, C]; on the grid's own weight the codes equal the grid's (GPTQ's rounding)."""
+    w = w.float()
+    n, k = grid.shape
+    columns = torch.arange(k, device=w.device) if columns is None else columns
+    if w.dim() != 2 or w.shape != (n, columns.numel()):
+        raise ValueError(f"w has shape {tuple(w.shape)}, expected [{n}, {columns.numel()}] for the grid's columns")
+    if grid.group_size == -1:
+        q = _per_channel_codes(w, grid.s1, grid.szero)
+        return q.to(torch.uint8), q * grid.s1.float()[:, None] - grid.szero.float()[:, None]
+    groups = columns // grid.group_size  # [C]
+    s2, z = grid.s2[:, groups].float(), grid.z[:, groups].float()  # [N, C]
+    q = _progressive_codes(w, grid.s1, s2, z)
+    return q.to(torch.uint8), grid.s1.float()[:, None] * (q * s2 - z)

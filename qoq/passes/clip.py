@@ -1,0 +1,108 @@
+"""Clipping: search a clip ratio per output channel of every block linear, minimizing the calibration
+output error ‖X·Wᵀ − X·Ŵ(r)ᵀ‖² of that channel. Changes no float weight; the quantizing pass (rtn,
+gptq) applies the ratios from ctx.clip_ratios. Per channel (§3.2) r scales vmax/vmin; progressive
+groups (§3.1) r scales the level-0 range (s1 = fp16(r·max|W|/119)).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from qoq.passes.base import BLOCK_LINEARS, PASSES, BlockContext, Pass
+from qoq.passes.capture import capture_inputs
+from qoq.quant.weights import quantize_weight
+
+# linears reading the same tensor: its inputs are captured once, under the first name
+SHARED_INPUT = {
+    "self_attn.q_proj": "self_attn.q_proj", "self_attn.k_proj": "self_attn.q_proj",
+    "self_attn.v_proj": "self_attn.q_proj", "self_attn.o_proj": "self_attn.o_proj",
+    "mlp.gate_proj": "mlp.gate_proj", "mlp.up_proj": "mlp.gate_proj", "mlp.down_proj": "mlp.down_proj",
+}
+
+
+def capture_linear_inputs(block: torch.nn.Module, ctx: BlockContext, max_tokens: int) -> dict[str, torch.Tensor]:
+    """Calibration inputs [tokens, K] of each distinct linear input, keyed by SHARED_INPUT's names
+    (a seeded subsample of at most max_tokens rows, different per block)."""
+    owners = sorted(set(SHARED_INPUT.values()))
+    return capture_inputs(block, ctx.inputs, ctx.position_ids, owners, max_tokens,
+                          seed=ctx.recipe.calibration.seed + ctx.index)
+
+
+class OutputError:
+    """Per output channel squared output error ‖X·ΔWᵀ‖² [N], through the Gram matrix XᵀX when that is
+    cheaper (fewer input channels than tokens)."""
+
+    def __init__(self, x: torch.Tensor):  # [T, K]
+        self.gram = x.T @ x if x.shape[1] < x.shape[0] else None  # [K, K]
+        self.x = None if self.gram is not None else x
+
+    def __call__(self, delta: torch.Tensor) -> torch.Tensor:  # [N, K] -> [N]
+        if self.gram is not None:
+            return ((delta @ self.gram) * delta).sum(dim=1).clamp_min(0)  # fp32 rounding can dip below 0
+        return (self.x @ delta.T).pow(2).sum(dim=0)
+
+
+def search_clip_ratios(weight: torch.Tensor, group_size: int, error: OutputError, ratios: torch.Tensor
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Best of `ratios` (starting at 1.0; earlier ratios win ties) per output channel of weight [N, K].
+    A row's quantization depends on its own ratio only, so each ratio scores all N rows at once.
+    Returns (ratio [N], error at ratios[0] [N], error at the chosen ratio [N])."""
+    n = weight.shape[0]
+
+    def error_at(r: float) -> torch.Tensor:  # [N]
+        return error(weight - quantize_weight(weight, group_size, clip_ratio=torch.full((n,), r)).dequantize())
+
+    first = ratios[0].item()
+    first_err = error_at(first)
+    best_ratio, best_err = torch.full((n,), first), first_err
+    for r in ratios[1:].tolist():
+        err = error_at(r)
+        better = err < best_err
+        best_ratio = torch.where(better, r, best_ratio)
+        best_err = torch.where(better, err, best_err)
+    return best_ratio, first_err, best_err
+
+
+@dataclass(frozen=True)
+class ClipOptions:
+    grid: int = 20  # ratios from 1.0 down to min_ratio, evenly spaced
+    min_ratio: float = 0.5
+    max_tokens: int = 4096  # calibration tokens scored (seeded subsample)
+
+
+@PASSES.register("clip")
+class Clip(Pass):
+    name = "clip"
+    needs_calibration = True
+    exact = False  # float weights are untouched, but what the quantizer does changes
+    Options = ClipOptions
+
+    def __init__(self, options=None):
+        super().__init__(options)
+        o = self.options
+        if o.grid < 1 or not 0 < o.min_ratio <= 1 or o.max_tokens < 1:
+            raise ValueError(f"clip options need grid >= 1, 0 < min_ratio <= 1, max_tokens >= 1; got {o}")
+
+    def apply(self, block: torch.nn.Module, ctx: BlockContext) -> dict:
+        if not ctx.recipe.quantizes_weights:
+            raise ValueError(f"the clip pass needs a 4-bit weight recipe; '{ctx.recipe.name}' keeps 16-bit weights")
+        o, group = self.options, ctx.recipe.format.group_size
+        ratios = torch.linspace(1.0, o.min_ratio, o.grid) if o.grid > 1 else torch.ones(1)
+        inputs = capture_linear_inputs(block, ctx, o.max_tokens)
+        errors = {owner: OutputError(x) for owner, x in inputs.items()}
+        record = {}
+        for name in BLOCK_LINEARS:
+            weight = block.get_submodule(name).weight.detach().float()  # [N, K]
+            error = errors[SHARED_INPUT[name]]
+            ratio, err_before, err_after = search_clip_ratios(weight, group, error, ratios)
+            ctx.clip_ratios[name] = ratio
+            signal = error(weight).sum().clamp_min(1e-30)  # ‖X·Wᵀ‖²: the errors below are relative to it
+            record[name] = {
+                "ratio_mean": round(ratio.mean().item(), 6), "ratio_min": round(ratio.min().item(), 6),
+                "clipped_fraction": round((ratio < 1).float().mean().item(), 6),
+                "rel_err_before": (err_before.sum() / signal).sqrt().item(),
+                "rel_err_after": (err_after.sum() / signal).sqrt().item(),
+            }
+        return record

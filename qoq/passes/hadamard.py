@@ -1,0 +1,189 @@
+"""Orthogonal rotations for the rotation pass: normalized Hadamard matrices of order k·2^m.
+
+An order-k ±1 core comes from a Paley construction over GF(q) (q a prime power): Paley I gives
+order q+1 for q ≡ 3 mod 4, Paley II gives order 2(q+1) for q ≡ 1 mod 4. The core is Kronecker-
+multiplied with a Sylvester matrix of order 2^m. Orders with no such construction (92, 116, 172, ...)
+fall back to a seeded random orthogonal matrix, with a warning.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from functools import lru_cache
+
+import torch
+
+# GF(q) arithmetic, q = p^e: element a in [0, q) is the polynomial whose coefficients are a's base-p digits.
+
+
+def prime_power(q: int) -> tuple[int, int] | None:
+    """(p, e) with q = p^e, p prime, or None."""
+    if q < 2:
+        return None
+    p = next(d for d in range(2, q + 1) if q % d == 0)  # the smallest factor is prime
+    e = 0
+    while q % p == 0:
+        q, e = q // p, e + 1
+    return (p, e) if q == 1 else None
+
+
+def _poly_mod(a: list[int], f: list[int], p: int) -> list[int]:
+    """Remainder of a by the monic f over GF(p); coefficients low to high."""
+    a, d = a[:], len(f) - 1
+    for top in range(len(a) - 1, d - 1, -1):
+        c = a[top]
+        for i, fi in enumerate(f):
+            a[top - d + i] = (a[top - d + i] - c * fi) % p
+    return a[:d]
+
+
+def _monic(p: int, degree: int):
+    """Every monic polynomial of the given degree over GF(p), in a fixed order."""
+    for code in range(p**degree):
+        yield [(code // p**i) % p for i in range(degree)] + [1]
+
+
+def _irreducible(p: int, e: int) -> list[int]:
+    """The first monic degree-e polynomial over GF(p) with no monic factor of degree 1..e/2."""
+    return next(f for f in _monic(p, e)
+                if all(any(_poly_mod(f, g, p)) for d in range(1, e // 2 + 1) for g in _monic(p, d)))
+
+
+def _quadratic_character(q: int) -> torch.Tensor:
+    """χ(a) for every a in GF(q): 0 at 0, 1 on nonzero squares, -1 otherwise. fp64 [q]."""
+    p, e = prime_power(q)
+    if e == 1:
+        squares = torch.arange(1, q) ** 2 % q
+    else:
+        f = _irreducible(p, e)
+        squares = []
+        for a in range(1, q):
+            digits = [(a // p**i) % p for i in range(e)]
+            product = [0] * (2 * e - 1)
+            for i, x in enumerate(digits):
+                for j, y in enumerate(digits):
+                    product[i + j] += x * y
+            squares.append(sum(c * p**i for i, c in enumerate(_poly_mod(product, f, p))))
+        squares = torch.tensor(squares)
+    chi = -torch.ones(q, dtype=torch.float64)
+    chi[0], chi[squares] = 0.0, 1.0
+    return chi
+
+
+def _difference_index(q: int) -> torch.Tensor:
+    """D[i, j] = the element a_j - a_i (digit-wise subtraction mod p): int64 [q, q]."""
+    p, e = prime_power(q)
+    elements = torch.arange(q)
+    index = torch.zeros(q, q, dtype=torch.int64)
+    for t in range(e):
+        digit = elements // p**t % p  # [q]
+        index += (digit.unsqueeze(0) - digit.unsqueeze(1)) % p * p**t
+    return index
+
+
+def sylvester(n: int) -> torch.Tensor:
+    """±1 Hadamard matrix of order n = 2^m, fp64 [n, n]."""
+    if n < 1 or n & (n - 1):
+        raise ValueError(f"Sylvester construction needs a power of two, got {n}")
+    h = torch.ones(1, 1, dtype=torch.float64)
+    while h.shape[0] < n:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return h
+
+
+def _jacobsthal(q: int) -> torch.Tensor:
+    """Q[i, j] = χ(a_j − a_i) over GF(q), χ the quadratic character: fp64 [q, q] in {-1, 0, 1}."""
+    return _quadratic_character(q)[_difference_index(q)]
+
+
+def paley1(q: int) -> torch.Tensor:
+    """Order q+1 for a prime power q ≡ 3 mod 4: H = I + S, S = [[0, 1ᵀ], [-1, Q]] (skew)."""
+    if q % 4 != 3 or prime_power(q) is None:
+        raise ValueError(f"Paley I needs a prime power q ≡ 3 mod 4, got {q}")
+    s = torch.zeros(q + 1, q + 1, dtype=torch.float64)
+    s[0, 1:], s[1:, 0], s[1:, 1:] = 1.0, -1.0, _jacobsthal(q)
+    return s + torch.eye(q + 1, dtype=torch.float64)
+
+
+def paley2(q: int) -> torch.Tensor:
+    """Order 2(q+1) for a prime power q ≡ 1 mod 4, from the symmetric conference matrix
+    C = [[0, 1ᵀ], [1, Q]]: each 0 becomes [[1, -1], [-1, -1]], each ±1 becomes ±[[1, 1], [1, -1]]."""
+    if q % 4 != 1 or prime_power(q) is None:
+        raise ValueError(f"Paley II needs a prime power q ≡ 1 mod 4, got {q}")
+    c = torch.zeros(q + 1, q + 1, dtype=torch.float64)
+    c[0, 1:], c[1:, 0], c[1:, 1:] = 1.0, 1.0, _jacobsthal(q)
+    zero_block = torch.tensor([[1.0, -1.0], [-1.0, -1.0]], dtype=torch.float64)
+    sign_block = torch.tensor([[1.0, 1.0], [1.0, -1.0]], dtype=torch.float64)
+    return torch.kron(c, sign_block) + torch.kron((c == 0).double(), zero_block)
+
+
+CORES = {"paley1": lambda k: paley1(k - 1), "paley2": lambda k: paley2(k // 2 - 1)}
+
+
+def _core_construction(k: int) -> str | None:
+    """Which Paley construction gives a Hadamard matrix of order k (k > 4), if any."""
+    if k % 4 or k <= 4:
+        return None
+    if (k - 1) % 4 == 3 and prime_power(k - 1):
+        return "paley1"
+    if (k // 2 - 1) % 4 == 1 and prime_power(k // 2 - 1):
+        return "paley2"
+    return None
+
+
+def hadamard_plan(n: int) -> tuple[str, int, int] | None:
+    """(construction, core order k, Sylvester order 2^m) with n = k·2^m, or None when no construction
+    here reaches n. Pure powers of two are ("sylvester", 1, n); otherwise the largest 2^m whose cofactor
+    has a Paley core is taken (the smallest core to build)."""
+    if n < 1:
+        raise ValueError(f"Hadamard order must be positive, got {n}")
+    two_power = n & -n  # the largest 2^m dividing n
+    if two_power == n:
+        return "sylvester", 1, n
+    while two_power >= 1:
+        construction = _core_construction(n // two_power)
+        if construction is not None:
+            return construction, n // two_power, two_power
+        two_power //= 2
+    return None
+
+
+def integer_hadamard(n: int) -> tuple[torch.Tensor, str] | None:
+    """A ±1 matrix H [n, n] fp64 with H·Hᵀ = n·I and its kind, or None (see `hadamard_plan`)."""
+    plan = hadamard_plan(n)
+    if plan is None:
+        return None
+    construction, k, two_power = plan
+    if construction == "sylvester":
+        return sylvester(n), f"sylvester({n})"
+    core = CORES[construction](k)  # [k, k]
+    if two_power == 1:
+        return core, f"{construction}({k})"
+    return torch.kron(core, sylvester(two_power)), f"{construction}({k})xsylvester({two_power})"
+
+
+def random_orthogonal(n: int, seed: int) -> torch.Tensor:
+    """QR of a seeded Gaussian, with R's diagonal made positive (so Q is unique and Haar-distributed)."""
+    g = torch.randn(n, n, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+    q, r = torch.linalg.qr(g)
+    return q * torch.sign(torch.diagonal(r)).unsqueeze(0)
+
+
+@lru_cache(maxsize=8)
+def _cached(n: int, seed: int) -> tuple[torch.Tensor, str]:
+    found = integer_hadamard(n)
+    if found is None:
+        return random_orthogonal(n, seed), f"random-orthogonal(seed={seed})"
+    h, kind = found
+    return h / math.sqrt(n), f"hadamard-{kind}"
+
+
+def hadamard(n: int, seed: int = 0) -> tuple[torch.Tensor, str]:
+    """Orthogonal [n, n] fp64 (a normalized Hadamard matrix when one is constructible) and its kind
+    for the manifest. Cached by (n, seed): treat the returned tensor as read-only."""
+    matrix, kind = _cached(int(n), int(seed))
+    if kind.startswith("random"):  # warned on every call, not only the first (cached) one
+        warnings.warn(f"no Hadamard construction for size {n}: using a random orthogonal matrix "
+                      f"(seed={seed})", stacklevel=2)
+    return matrix, kind
