@@ -6,6 +6,8 @@ from contextlib import contextmanager
 
 import torch
 
+from qoq.passes.base import BlockContext
+
 CHUNK = 4  # calibration samples per forward
 
 
@@ -57,3 +59,19 @@ def capture_inputs(block, inputs: torch.Tensor, position_ids: torch.Tensor, name
     with _hooks(block, names, record):
         _run(block, inputs, position_ids)
     return {name: torch.cat(xs) for name, xs in seen.items()}
+
+
+# linears that read the same tensor (one quantized input in the runtime) -> the one whose input is captured
+SHARED_INPUT = {
+    "self_attn.q_proj": "self_attn.q_proj", "self_attn.k_proj": "self_attn.q_proj",
+    "self_attn.v_proj": "self_attn.q_proj", "self_attn.o_proj": "self_attn.o_proj",
+    "mlp.gate_proj": "mlp.gate_proj", "mlp.up_proj": "mlp.gate_proj", "mlp.down_proj": "mlp.down_proj",
+}
+
+
+def capture_linear_inputs(block: torch.nn.Module, ctx: BlockContext, max_tokens: int) -> dict[str, torch.Tensor]:
+    """Calibration inputs [tokens, K] of each distinct linear input, keyed by SHARED_INPUT's names
+    (a seeded subsample of at most max_tokens rows, different per block)."""
+    owners = sorted(set(SHARED_INPUT.values()))
+    return capture_inputs(block, ctx.inputs, ctx.position_ids, owners, max_tokens,
+                          seed=ctx.recipe.calibration.seed + ctx.index)

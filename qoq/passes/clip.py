@@ -11,25 +11,10 @@ from dataclasses import dataclass
 import torch
 
 from qoq.passes.base import BLOCK_LINEARS, PASSES, BlockContext, Pass
-from qoq.passes.capture import capture_inputs
+from qoq.passes.capture import SHARED_INPUT, capture_linear_inputs
 from qoq.quant.weights import quantize_weight
 
 # linears reading the same tensor: its inputs are captured once, under the first name
-SHARED_INPUT = {
-    "self_attn.q_proj": "self_attn.q_proj", "self_attn.k_proj": "self_attn.q_proj",
-    "self_attn.v_proj": "self_attn.q_proj", "self_attn.o_proj": "self_attn.o_proj",
-    "mlp.gate_proj": "mlp.gate_proj", "mlp.up_proj": "mlp.gate_proj", "mlp.down_proj": "mlp.down_proj",
-}
-
-
-def capture_linear_inputs(block: torch.nn.Module, ctx: BlockContext, max_tokens: int) -> dict[str, torch.Tensor]:
-    """Calibration inputs [tokens, K] of each distinct linear input, keyed by SHARED_INPUT's names
-    (a seeded subsample of at most max_tokens rows, different per block)."""
-    owners = sorted(set(SHARED_INPUT.values()))
-    return capture_inputs(block, ctx.inputs, ctx.position_ids, owners, max_tokens,
-                          seed=ctx.recipe.calibration.seed + ctx.index)
-
-
 class OutputError:
     """Per output channel squared output error ‖X·ΔWᵀ‖² [N], through the Gram matrix XᵀX when that is
     cheaper (fewer input channels than tokens)."""

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from qoq.passes.base import BLOCK_LINEARS, PASSES, BlockContext, Pass
-from qoq.passes.clip import SHARED_INPUT, capture_linear_inputs
+from qoq.passes.capture import SHARED_INPUT, capture_linear_inputs
 from qoq.quant.weights import QuantizedWeight, quantize_weight, round_onto_grid
 
 HESSIAN_CHUNK = 1024  # calibration rows per XᵀX partial sum
