@@ -1,0 +1,287 @@
+"""Build, check and benchmark the KV4 attention kernels in one GPU call; JSON (+ PNG) to --out.
+
+  PYTHONPATH=. python bench/attention_h200.py --out $OUT
+
+1. correctness on fresh random data (RoPE+KV4 write codes, decode attention vs the references);
+2. decode attention over KV4 pages vs F.scaled_dot_product_attention over FP16 KV, B x L grid, for
+   Llama-2-7B (32 heads, D 128) and Llama-3-8B (32/8 GQA), with achieved TB/s (KV4 bytes incl.
+   scales/zeros) against a measured device-to-device copy;
+3. KV4 write throughput and prefill attention at 64 x 1024 tokens next to SDPA.
+Timing: CUDA events, median of REPS runs after warm-up, L2 flushed before each run (DESIGN §6).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from qoq.runtime_cuda import attention
+from qoq.runtime_cuda import attention_reference as ref
+
+MODELS = {"llama2-7b": (32, 32, 128), "llama3-8b": (32, 8, 128)}  # (Hq, Hkv, D)
+BATCHES, LENGTHS, REPS = (1, 16, 64, 256), (512, 1536, 4096), 40
+_flush = None
+
+
+def timed_ms(fn, reps=REPS) -> float:
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(reps):
+        _flush.zero_()  # evict L2 (60 MB) so every run reads from HBM
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def rel_err(a, b) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def same_values(a, b) -> bool:
+    """Exactly equal, NaN garbage (unwritten slots) included; -0 == +0 (a flat head's zero)."""
+    return torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(0.0), b.nan_to_num(0.0))
+
+
+def rope_tables(max_pos, dim):
+    inv_freq = 1.0 / 500000 ** (torch.arange(0, dim, 2, device="cuda").float() / dim)
+    angles = torch.arange(max_pos, device="cuda").float()[:, None] * inv_freq
+    return angles.cos(), angles.sin()
+
+
+def check_correctness(gen) -> list[dict]:
+    """Prompts of random length 1..4096 go through RoPE + KV4 write (kernel and reference, compared
+    code for code), then decode attention reads them back (kernel vs reference on the same pages)."""
+    rows = []
+    for dim in (64, 128):
+        for group in (1, 3, 4, 8):
+            hkv, hq, batch = 2, 2 * group, 8
+            lens = [1, 4096] + torch.randint(1, 4097, (batch - 2,), generator=gen, device="cuda").tolist()
+            pages = [math.ceil(n / 64) for n in lens]
+            total = sum(pages) + 2
+            perm = torch.randperm(total, device="cuda", generator=gen)
+            table = torch.zeros(batch, max(pages), dtype=torch.int32, device="cuda")
+            slots, positions, start = [], [], 0
+            for i, (n, p) in enumerate(zip(lens, pages)):
+                table[i, :p] = perm[start : start + p].int()
+                slots.append((perm[start : start + p, None] * 64 + torch.arange(64, device="cuda")).flatten()[:n])
+                positions.append(torch.arange(n, device="cuda"))
+                start += p
+            slots, positions = torch.cat(slots), torch.cat(positions)
+            qkv = torch.randn(len(slots), (hq + 2 * hkv) * dim, device="cuda", generator=gen).half()
+            heads = qkv.view(len(slots), -1, dim)
+            flat = torch.randint(0, len(slots), (64,), device="cuda", generator=gen)
+            heads[flat, hq] = 0.0  # K: zero stays zero after RoPE -> max == min
+            heads[flat, hq + hkv] = 0.625  # V: constant head
+            cos, sin = rope_tables(4096, dim)
+            pb = ref.page_bytes(hkv, dim)
+            pools = [torch.randint(0, 256, (total, pb), dtype=torch.uint8, device="cuda", generator=gen) for _ in range(2)]
+            ref_pools = [p.clone() for p in pools]
+            q_k, k_k = attention.rope_kv4_write(qkv, positions, slots, cos, sin, *pools, hq, hkv)
+            q_r, k_r = ref.rope_kv4_write(qkv, positions, slots, cos, sin, *ref_pools, hq, hkv)
+            code_diff, scales_equal = [], True
+            for pool, rpool in zip(pools, ref_pools):
+                c, s, z = ref.page_views(pool, hkv, dim)
+                cr, sr, zr = ref.page_views(rpool, hkv, dim)
+                code_diff.append((ref.unpack_nibbles(c).int() - ref.unpack_nibbles(cr).int()).abs())
+                scales_equal &= same_values(s, sr) and same_values(z, zr)
+            q = torch.randn(batch, hq, dim, device="cuda", generator=gen).half()
+            seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+            expected = ref.decode_attention(q, *pools, table, seq_lens)
+            errs = {
+                str(s): rel_err(attention.decode_attention(q, *pools, table, seq_lens, max(lens), num_splits=s), expected)
+                for s in (None, 1, 5, 64)
+            }
+            rows.append({
+                "head_dim": dim, "group": group, "lens": lens,
+                "q_k_rope_exact": torch.equal(q_k, q_r) and torch.equal(k_k, k_r),
+                "scale_zero_exact": scales_equal,
+                "code_max_diff": max(int(d.max()) for d in code_diff),
+                "code_diff_fraction": max(d.ne(0).float().mean().item() for d in code_diff),
+                "decode_rel_err_by_splits": errs,
+            })
+            ok = rows[-1]["q_k_rope_exact"] and scales_equal and rows[-1]["code_max_diff"] <= 1 and max(errs.values()) < 1e-3
+            rows[-1]["ok"] = ok
+            print(f"check D={dim} G={group}: ok={ok} codes<= {rows[-1]['code_max_diff']} "
+                  f"frac={rows[-1]['code_diff_fraction']:.2e} rel={max(errs.values()):.2e}", flush=True)
+    return rows
+
+
+def random_pool(num_pages, hkv, dim):
+    """Random codes with sane fp16 scales/zeros (timing never runs on zeros)."""
+    pool = torch.randint(0, 256, (num_pages, ref.page_bytes(hkv, dim)), dtype=torch.uint8, device="cuda")
+    _, scale, zero = ref.page_views(pool, hkv, dim)
+    scale.copy_(torch.rand_like(scale, dtype=torch.float32).mul(0.2).add(0.01).half())
+    zero.copy_(torch.rand_like(zero, dtype=torch.float32).mul(15).half())
+    return pool
+
+
+def bench_decode(model, batch, length) -> dict:
+    hq, hkv, dim = MODELS[model]
+    pages = math.ceil(length / 64)
+    k_pool, v_pool = random_pool(batch * pages, hkv, dim), random_pool(batch * pages, hkv, dim)
+    table = torch.randperm(batch * pages, device="cuda").int().view(batch, pages)
+    seq_lens = torch.full((batch,), length, dtype=torch.int32, device="cuda")
+    q = torch.randn(batch, hq, dim, device="cuda").half()
+    row = {"model": model, "batch": batch, "length": length}
+    kv4_bytes = 2 * batch * hkv * length * (dim // 2 + 4)
+    row["kv4_ms"] = timed_ms(lambda: attention.decode_attention(q, k_pool, v_pool, table, seq_lens, length))
+    row["kv4_tbps"] = kv4_bytes / row["kv4_ms"] / 1e9
+    del k_pool, v_pool
+    k = torch.randn(batch, hkv, length, dim, device="cuda").half()
+    v = torch.randn_like(k)
+    q4 = q[:, :, None]
+    row["sdpa_ms"] = timed_ms(lambda: F.scaled_dot_product_attention(q4, k, v, enable_gqa=hq != hkv))
+    if hq != hkv:  # the baseline is the faster of enable_gqa and K/V expanded to every query head
+        ke, ve = (x.repeat_interleave(hq // hkv, 1) for x in (k, v))
+        row["sdpa_expanded_ms"] = timed_ms(lambda: F.scaled_dot_product_attention(q4, ke, ve))
+        row["sdpa_ms"] = min(row["sdpa_ms"], row["sdpa_expanded_ms"])
+        del ke, ve
+    row["sdpa_tbps"] = 2 * k.numel() * 2 / row["sdpa_ms"] / 1e9  # FP16 K+V bytes of the model
+    row["splits"] = attention.split_plan(batch, hkv, length, torch.cuda.get_device_properties(0).multi_processor_count)[0]
+    del k, v
+    return row
+
+
+def split_sweep() -> list[dict]:
+    rows = []
+    hq, hkv, dim = MODELS["llama3-8b"]
+    for batch, length in [(1, 1536), (1, 4096), (16, 1536), (16, 4096)]:
+        pages = math.ceil(length / 64)
+        pools = [random_pool(batch * pages, hkv, dim) for _ in range(2)]
+        table = torch.randperm(batch * pages, device="cuda").int().view(batch, pages)
+        lens = torch.full((batch,), length, dtype=torch.int32, device="cuda")
+        q = torch.randn(batch, hq, dim, device="cuda").half()
+        for s in (1, 2, 4, 8, 16, 32, 64):
+            ms = timed_ms(lambda: attention.decode_attention(q, *pools, table, lens, length, num_splits=s))
+            rows.append({"batch": batch, "length": length, "splits": s, "ms": ms})
+    return rows
+
+
+def bench_prefill(model, batch=64, length=1024) -> dict:
+    hq, hkv, dim = MODELS[model]
+    t = batch * length
+    qkv = torch.randn(t, (hq + 2 * hkv) * dim, device="cuda").half()
+    positions = torch.arange(length, device="cuda").repeat(batch)
+    slots = torch.randperm(t, device="cuda")  # whole pages, shuffled token slots
+    cos, sin = rope_tables(length, dim)
+    pools = [torch.empty(t // 64, ref.page_bytes(hkv, dim), dtype=torch.uint8, device="cuda") for _ in range(2)]
+    write = lambda: attention.rope_kv4_write(qkv, positions, slots, cos, sin, *pools, hq, hkv)  # noqa: E731
+    write_ms = timed_ms(write, reps=30)
+    moved = t * (hq + 2 * hkv) * dim * 2 + t * (hq + hkv) * dim * 2 + 2 * t * hkv * (dim // 2 + 4)
+    dec_qkv, dec_pos, dec_slots = qkv[:batch], positions[:batch], slots[:batch]
+    dec_ms = timed_ms(lambda: attention.rope_kv4_write(dec_qkv, dec_pos, dec_slots, cos, sin, *pools, hq, hkv))
+    q, k = write()
+    v = qkv.view(t, -1, dim)[:, hq + hkv :].contiguous()
+    lens = [length] * batch
+    ours_ms = timed_ms(lambda: attention.prefill_attention(q, k, v, lens), reps=30)
+    ragged = [length - 1] * (batch // 2) + [length + 1] * (batch // 2)  # same tokens, varlen path
+    ragged_ms = timed_ms(lambda: attention.prefill_attention(q, k, v, ragged), reps=30)
+    qb, kb, vb = (x.view(batch, length, -1, dim).transpose(1, 2) for x in (q, k, v))
+    sdpa = lambda: F.scaled_dot_product_attention(qb, kb, vb, is_causal=True, enable_gqa=hq != hkv)  # noqa: E731
+    sdpa_ms = timed_ms(sdpa, reps=30)
+    expected = sdpa().transpose(1, 2).reshape(t, hq, dim)
+    err = rel_err(attention.prefill_attention(q, k, v, lens), expected)
+    cu = torch.tensor([0, *itertools.accumulate(ragged)], device="cuda")
+    probe = slice(0, int(cu[2]))  # reference on the first two sequences only (fp32 attention is slow)
+    ragged_err = rel_err(attention.prefill_attention(q, k, v, ragged)[probe],
+                         ref.prefill_attention(q[probe], k[probe], v[probe], cu[:3]))
+    return {
+        "model": model, "batch": batch, "length": length,
+        "rope_kv4_write_prefill_ms": write_ms, "rope_kv4_write_prefill_gbps": moved / write_ms / 1e6,
+        "rope_kv4_write_decode_b64_us": dec_ms * 1e3,
+        "prefill_attention_ms": ours_ms, "prefill_attention_ragged_varlen_ms": ragged_ms,
+        "sdpa_padded_causal_ms": sdpa_ms, "prefill_rel_err_vs_sdpa": err, "ragged_rel_err_vs_reference": ragged_err,
+    }
+
+
+def copy_bandwidth_tbps() -> float:
+    src = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
+    src.random_()
+    dst = torch.empty_like(src)
+    ms = timed_ms(lambda: dst.copy_(src), reps=10)
+    return 2 * src.numel() / ms / 1e9
+
+
+def plot(rows, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+    for ax, model in zip(axes, MODELS):
+        sel = [r for r in rows if r["model"] == model]
+        labels = [f"B{r['batch']}\nL{r['length']}" for r in sel]
+        x = range(len(sel))
+        ax.bar([i - 0.2 for i in x], [r["speedup_vs_sdpa"] for r in sel], 0.4, label="speedup vs SDPA FP16")
+        ax.bar([i + 0.2 for i in x], [r["bandwidth_fraction"] * 5 for r in sel], 0.4, label="fraction of copy BW (x5)")
+        ax.axhline(3.0, color="k", lw=0.6, ls="--")
+        ax.set_xticks(list(x), labels, fontsize=7)
+        ax.set_title(f"{model}: KV4 decode attention (H200)")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main():
+    global _flush
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--command", default="PYTHONPATH=. python bench/attention_h200.py --out $OUT")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    _flush = torch.empty(512 << 20, dtype=torch.uint8, device="cuda")
+    t0 = time.time()
+    attention.extension()
+    print(f"build: {time.time() - t0:.0f} s", flush=True)
+    gen = torch.Generator(device="cuda").manual_seed(int(time.time()))
+    result = {"command": args.command, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
+    result["copy_bandwidth_tbps"] = bw = copy_bandwidth_tbps()
+    result["correctness"] = check_correctness(gen)
+    decode = []
+    for model in MODELS:
+        for batch in BATCHES:
+            for length in LENGTHS:
+                row = bench_decode(model, batch, length)
+                row["speedup_vs_sdpa"] = row["sdpa_ms"] / row["kv4_ms"]
+                row["bandwidth_fraction"] = row["kv4_tbps"] / bw
+                decode.append(row)
+                print(f"{model} B={batch:3d} L={length:4d} kv4 {row['kv4_ms']*1e3:8.1f} us "
+                      f"({row['kv4_tbps']:.2f} TB/s) "
+                      f"sdpa {row['sdpa_ms']*1e3:8.1f} us ({row['sdpa_tbps']:.2f} TB/s) "
+                      f"x{row['speedup_vs_sdpa']:.2f} splits={row['splits']}", flush=True)
+    result["decode"] = decode
+    result["split_sweep"] = split_sweep()
+    result["prefill"] = [bench_prefill(m) for m in MODELS]
+    for r in result["prefill"]:
+        print(r, flush=True)
+    pick = lambda m, b, l: next(r for r in decode if (r["model"], r["batch"], r["length"]) == (m, b, l))  # noqa: E731
+    result["summary"] = {
+        "gpu": result["gpu"],
+        "speedup_vs_sdpa_b64_l1536": pick("llama2-7b", 64, 1536)["speedup_vs_sdpa"],
+        "speedup_vs_sdpa_b64_l1536_gqa": pick("llama3-8b", 64, 1536)["speedup_vs_sdpa"],
+        "min_bandwidth_fraction_b_ge_64": min(r["bandwidth_fraction"] for r in decode if r["batch"] >= 64),
+        "speedup_vs_sdpa_b1_min": min(r["speedup_vs_sdpa"] for r in decode if r["batch"] == 1),
+        "correctness_ok": all(r["ok"] for r in result["correctness"]),
+        "copy_bandwidth_tbps": bw,
+    }
+    (args.out / "attention_h200.json").write_text(json.dumps(result, indent=1))
+    plot(decode, args.out / "attention_h200.png")
+    print(json.dumps(result["summary"], indent=1))
+
+
+if __name__ == "__main__":
+    main()

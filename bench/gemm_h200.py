@@ -1,0 +1,337 @@
+"""W4A8 GEMM + fused quantization kernels on one GPU: build, check, benchmark (one device call).
+
+    python bench/gemm_h200.py --out $OUT
+
+1. builds the extension (qoq/runtime_cuda/build.py) and times it;
+2. correctness: every M x (N, K) of four models, per group and per channel, every kernel variant:
+   int32 accumulators exact vs the integer reference, fp16 rel. error < 1e-3 (outputs poisoned first);
+   fused quantizers: codes within ±1 in <= 0.1% of elements, scales and sums rel. error < 1e-3;
+3. speed on Llama-2-7B shapes vs torch fp16 F.linear, INT8 torch._int_mm, FP8 torch._scaled_mm:
+   CUDA-graph replays over rotating input sets (> 3x L2, so weights come from HBM), median of 40.
+Writes gemm_h200.json (summary on top) and gemm_h200.png under --out. `--resummarize JSON` recomputes
+the "auto" rows (after a change to qoq.runtime_cuda.gemm.auto_variant), the summary and the plot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from qoq.quant.linear import export_linear  # noqa: E402
+from qoq.quant.weights import quantize_weight  # noqa: E402
+from qoq.runtime_cuda import quant_kernels, reference  # noqa: E402
+from qoq.runtime_cuda.gemm import VARIANTS, auto_variant, extension, w4a8_accumulators, w4a8_gemm  # noqa: E402
+
+MODELS = {  # (N, K) of qkv, o, gate_up, down; group size of the per-group recipe
+    "llama2-7b": ([(12288, 4096), (4096, 4096), (22016, 4096), (4096, 11008)], 128),
+    "llama3-8b": ([(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)], 128),
+    "qwen2.5-7b": ([(4608, 3584), (3584, 3584), (37888, 3584), (3584, 18944)], 128),
+    "smollm2": ([(960, 576), (576, 576), (3072, 576), (576, 1536)], 64),
+}
+CHECK_M = [1, 7, 16, 33, 64, 128, 255, 512, 1024, 4096]
+BENCH_M = [1, 16, 64, 128, 256, 512, 1024, 2048]
+ROTATE_BYTES = 256 << 20  # input sets cycled per timing: > 3x the 60 MB L2
+INT8_PEAK_TOPS = 1979.0  # H100/H200 SXM dense INT8 tensor-core datasheet rate
+DEV = "cuda"
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def variants_for(m: int) -> list[str]:
+    return [v for v in VARIANTS if v != "gemv" or m <= 64]
+
+
+def check_gemm(model: str, n: int, k: int, group: int) -> list[dict]:
+    w = torch.randn(n, k, device=DEV)
+    t = export_linear("w", quantize_weight(w, group), torch.randn(n, device=DEV).half())
+    s2 = {a: t[f"w.{a}"] for a in ("s2_scales", "s2_zeros") if f"w.{a}" in t}
+    w_int = reference.integer_weight(t["w.qweight"], **s2)  # [N, K], built once per weight
+    rows = []
+    for m in CHECK_M:
+        x = torch.randn(m, k, device=DEV).half()
+        qx, s_x, xsum = reference.reference_quant(x, with_sum=True)
+        acc_ref = reference.accumulate(qx, w_int)
+        per_channel = {"s1_szeros": t["w.s1_szeros"], "xsum": xsum} if group == -1 else {}
+        y_ref = reference.epilogue(acc_ref, s_x, t["w.s1_scales"], bias=t["w.bias"], out_dtype=torch.float32,
+                                   **per_channel)
+        for variant in variants_for(m):
+            acc = torch.full((m, n), -(2**31), dtype=torch.int32, device=DEV)
+            w4a8_accumulators(qx, t["w.qweight"], out=acc, variant=variant, **s2)
+            y = torch.full((m, n), float("nan"), dtype=torch.float16, device=DEV)
+            w4a8_gemm(qx, s_x, t["w.qweight"], t["w.s1_scales"], bias=t["w.bias"], out=y, variant=variant,
+                      **s2, **per_channel)
+            exact = torch.equal(acc.long(), acc_ref)
+            err = rel_err(y, y_ref) if torch.isfinite(y).all() else float("inf")
+            rows.append(dict(model=model, n=n, k=k, group=group, m=m, variant=variant, acc_exact=exact,
+                             rel_err=err, ok=exact and err < 1e-3))
+    return rows
+
+
+def code_stats(result, ref) -> dict:
+    (q, s, xs), (q_ref, s_ref, xs_ref) = result, ref
+    diff = (q.int() - q_ref.int()).abs()
+    stats = dict(max_code_diff=int(diff.max()), frac_code_diff=(diff > 0).float().mean().item(),
+                 scale_rel_err=rel_err(s, s_ref), sum_rel_err=rel_err(xs, xs_ref))
+    stats["ok"] = stats["max_code_diff"] <= 1 and stats["frac_code_diff"] <= 1e-3 and max(
+        stats["scale_rel_err"], stats["sum_rel_err"]) < 1e-3
+    return stats
+
+
+def check_fused() -> list[dict]:
+    rows = []
+    for tokens in (1, 7, 512, 4096):
+        for k in (576, 1536, 3584, 4096, 11008, 14336, 18944):
+            x = (torch.randn(tokens, k, device=DEV) * 3).half()
+            gamma = (torch.rand(k, device=DEV) + 0.5).half()
+            gate_up = (torch.randn(tokens, 2 * k, device=DEV) * 3).half()
+            gate, up = gate_up[:, :k], gate_up[:, k:]
+            cases = {
+                "quant": (quant_kernels.quant_tokens(x, True), reference.reference_quant(x, True)),
+                "rmsnorm_quant": (quant_kernels.rmsnorm_quant(x, gamma, 1e-5, True),
+                                  reference.reference_rmsnorm_quant(x, gamma, 1e-5, True)),
+                "silu_mul_quant": (quant_kernels.silu_mul_quant(gate, up, True),
+                                   reference.reference_silu_mul_quant(gate, up, True)),
+            }
+            for kernel, (got, ref) in cases.items():
+                rows.append(dict(kernel=kernel, tokens=tokens, k=k, **code_stats(got, ref)))
+    return rows
+
+
+def time_graph(calls: list) -> float:
+    """Median µs per call: all calls (one per input set) captured in one CUDA graph, 40 timed replays."""
+    for call in calls:
+        call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for call in calls:
+            call()
+    for _ in range(5):
+        graph.replay()
+    times = []
+    for _ in range(40):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000 / len(calls))
+    return statistics.median(times)
+
+
+def n_sets(bytes_per_set: int) -> int:
+    return max(2, min(64, -(-ROTATE_BYTES // bytes_per_set)))
+
+
+def w4a8_calls(m, n, k, group, variant):
+    sets = n_sets(n * k // 2 + m * k)
+    calls = []
+    for _ in range(sets):
+        qw = torch.randint(-128, 128, (n, k // 2), dtype=torch.int8, device=DEV)
+        qx = torch.randint(-127, 128, (m, k), dtype=torch.int8, device=DEV)
+        s_x, s1 = torch.rand(m, 1, device=DEV).half(), torch.rand(n, device=DEV).half() / 64
+        if group == -1:
+            extra = dict(s1_szeros=torch.rand(n, device=DEV).half(), xsum=torch.randn(m, device=DEV))
+        else:
+            s2 = torch.randint(1, 17, (k // group, n), dtype=torch.int8, device=DEV)
+            extra = dict(s2_scales=s2, s2_zeros=-torch.randint(0, 100, (k // group, n), dtype=torch.int8, device=DEV))
+        calls.append(lambda qx=qx, s_x=s_x, qw=qw, s1=s1, e=extra: w4a8_gemm(qx, s_x, qw, s1, variant=variant, **e))
+    return calls
+
+
+def baseline_calls(kind, m, n, k):
+    elem = 2 if kind == "fp16" else 1
+    # cuBLASLt INT8 needs M > 16 and FP8 M % 16 == 0: smaller M run padded (noted in the record)
+    m_run = max(m, 32) if kind == "int8" else (-(-m // 16) * 16 if kind == "fp8" else m)
+    calls = []
+    for _ in range(n_sets(n * k * elem + m_run * k * elem)):
+        if kind == "fp16":
+            x, w = torch.randn(m_run, k, device=DEV).half(), torch.randn(n, k, device=DEV).half()
+            calls.append(lambda x=x, w=w: F.linear(x, w))
+        elif kind == "int8":
+            x = torch.randint(-127, 128, (m_run, k), dtype=torch.int8, device=DEV)
+            w = torch.randint(-127, 128, (n, k), dtype=torch.int8, device=DEV)
+            calls.append(lambda x=x, w=w: torch._int_mm(x, w.t()))
+        else:
+            x = torch.randn(m_run, k, device=DEV).to(torch.float8_e4m3fn)
+            w = torch.randn(n, k, device=DEV).to(torch.float8_e4m3fn)
+            one = torch.ones((), device=DEV)
+            calls.append(lambda x=x, w=w, one=one: torch._scaled_mm(x, w.t(), scale_a=one, scale_b=one,
+                                                                   out_dtype=torch.float16))
+    return calls, m_run
+
+
+def bench_shape(n, k, m, group) -> list[dict]:
+    """Every kernel variant; the "auto" rows are derived afterwards (with_auto)."""
+    rows = []
+    for variant in variants_for(m):
+        us = time_graph(w4a8_calls(m, n, k, group, variant))
+        rows.append(dict(method=f"w4a8_{'pc' if group == -1 else 'g' + str(group)}", variant=variant, n=n, k=k, m=m,
+                         us=us, tops=2.0 * m * n * k / us / 1e6, weight_tbps=n * k / 2 / us / 1e6))
+    return rows
+
+
+def with_auto(bench: list[dict], multiprocessors: int) -> list[dict]:
+    """Add, for each w4a8 (method, shape, M), the row of the variant auto_variant picks."""
+    rows = [r for r in bench if r.get("variant") != "auto"]
+    for r in list(rows):
+        if r["method"].startswith("w4a8"):
+            group = -1 if r["method"] == "w4a8_pc" else int(r["method"][6:])
+            if r["variant"] == auto_variant(r["m"], r["n"], group, multiprocessors):
+                rows.append(dict(r, variant="auto", chosen=r["variant"]))
+    return rows
+
+
+def bench_baselines(n, k, m) -> list[dict]:
+    rows = []
+    for kind in ("fp16", "int8", "fp8"):
+        try:
+            calls, m_run = baseline_calls(kind, m, n, k)
+            us = time_graph(calls)
+        except RuntimeError as exc:  # an unsupported shape is recorded, not fatal
+            rows.append(dict(method=kind, n=n, k=k, m=m, error=str(exc).splitlines()[0]))
+            continue
+        wbytes = n * k * (2 if kind == "fp16" else 1)
+        rows.append(dict(method=kind, n=n, k=k, m=m, m_run=m_run, us=us, tops=2.0 * m * n * k / us / 1e6,
+                         weight_tbps=wbytes / us / 1e6))
+    return rows
+
+
+def ceilings() -> dict:
+    a = torch.empty(1 << 30, dtype=torch.uint8, device=DEV)
+    b = torch.empty_like(a)
+    copy_us = time_graph([lambda: b.copy_(a)] * 4)
+    x = torch.randint(-127, 128, (8192, 8192), dtype=torch.int8, device=DEV)
+    mm_us = time_graph([lambda: torch._int_mm(x, x.t())] * 4)
+    return dict(copy_tbps=2 * a.numel() / copy_us / 1e6, int_mm_8192_tops=2 * 8192**3 / mm_us / 1e6)
+
+
+def speedups(bench: list[dict], method: str) -> dict:
+    llama = MODELS["llama2-7b"][0]
+    t = {(r["method"], r.get("variant", ""), r["n"], r["k"], r["m"]): r["us"] for r in bench if "us" in r}
+
+    def ratio(base: str, ms: list[int]) -> float:
+        vals = [t[(base, "", n, k, m)] / t[(method, "auto", n, k, m)] for n, k in llama for m in ms
+                if (base, "", n, k, m) in t and (method, "auto", n, k, m) in t]
+        return round(min(vals), 3) if vals else None
+
+    return dict(min_speedup_vs_fp16_m_le_16=ratio("fp16", [1, 16]), speedup_vs_fp16_m256=ratio("fp16", [256]),
+                speedup_vs_int8_m256=ratio("int8", [256]), min_speedup_vs_int8_m_ge_1024=ratio("int8", [1024, 2048]),
+                speedup_vs_fp8_m2048=ratio("fp8", [2048]))
+
+
+def plot(bench: list[dict], path: Path, gpu: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 4, figsize=(20, 4.5))
+    for ax, (n, k) in zip(axes, MODELS["llama2-7b"][0]):
+        fp16 = {r["m"]: r["us"] for r in bench if r["method"] == "fp16" and r["n"] == n and r["k"] == k}
+        for method in ("w4a8_g128", "w4a8_pc", "int8", "fp8"):
+            pts = [(r["m"], fp16[r["m"]] / r["us"]) for r in bench if r["method"] == method and r["n"] == n
+                   and r["k"] == k and r.get("variant", "auto") == "auto" and "us" in r]
+            ax.plot(*zip(*pts), marker="o", label=method)
+        ax.axhline(1.0, color="gray", lw=0.8)
+        ax.set(xscale="log", xlabel="M (tokens)", ylabel="speedup vs fp16 F.linear", title=f"N={n}, K={k}")
+        ax.legend()
+    fig.suptitle(f"W4A8 GEMM (g128 and per-channel, auto kernel choice) on {gpu}, Llama-2-7B shapes")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--skip-check", action="store_true")
+    parser.add_argument("--resummarize", type=Path, help="recompute auto rows and summary of a results JSON")
+    parser.add_argument("--profile", nargs=5, metavar=("N", "K", "M", "GROUP", "VARIANT"),
+                        help="only run one GEMM a few times (for ncu) and exit")
+    args = parser.parse_args()
+    if args.profile:
+        n, k, m, group = map(int, args.profile[:4])
+        for call in w4a8_calls(m, n, k, group, args.profile[4])[:3]:
+            call()
+        torch.cuda.synchronize()
+        return
+    if args.resummarize:
+        result = json.loads(args.resummarize.read_text())
+        meta = {k: v for k, v in result.items() if k not in ("summary", "bench", "correctness_gemm", "correctness_fused")}
+        bench = with_auto(result["bench"], result["multiprocessors"])
+        save(args.resummarize.parent, meta, bench, result["correctness_gemm"], result["correctness_fused"],
+             gpu=result["summary"]["gpu"])
+        plot(bench, args.resummarize.with_suffix(".png"), result["summary"]["gpu"])
+        print(json.dumps(json.loads(args.resummarize.read_text())["summary"], indent=1))
+        return
+    if args.out is None:
+        parser.error("--out is required")
+    args.out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    extension()
+    build_s = time.time() - t0
+    print(f"build {build_s:.1f}s", flush=True)
+
+    gemm_rows, fused_rows = [], []
+    if not args.skip_check:
+        for model, (shapes, group) in MODELS.items():
+            for n, k in shapes:
+                for g in (group, -1):
+                    rows = check_gemm(model, n, k, g)
+                    gemm_rows += rows
+                    bad = [r for r in rows if not r["ok"]]
+                    print(f"check {model} N={n} K={k} g={g}: {len(rows) - len(bad)}/{len(rows)} ok"
+                          + (f"  FIRST BAD {bad[0]}" if bad else ""), flush=True)
+        fused_rows = check_fused()
+        bad = [r for r in fused_rows if not r["ok"]]
+        print(f"fused: {len(fused_rows) - len(bad)}/{len(fused_rows)} ok" + (f" FIRST BAD {bad[0]}" if bad else ""))
+    torch.cuda.empty_cache()
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    ceil = ceilings()
+    print(f"ceilings {ceil}", flush=True)
+    bench: list[dict] = []
+    meta = dict(command="python bench/gemm_h200.py --out $OUT", torch=torch.__version__, build_s=round(build_s, 1),
+                ceilings=ceil, multiprocessors=sms)
+    save(args.out, meta, bench, gemm_rows, fused_rows)  # partial results survive a timeout
+    for n, k in MODELS["llama2-7b"][0]:
+        for m in BENCH_M:
+            rows = bench_baselines(n, k, m) + bench_shape(n, k, m, 128) + bench_shape(n, k, m, -1)
+            bench = with_auto(bench + rows, sms)
+            torch.cuda.empty_cache()
+            line = " ".join(f"{r['method']}{':' + r['variant'] if 'variant' in r else ''}={r['us']:.1f}"
+                            for r in rows if "us" in r)
+            print(f"N={n} K={k} M={m}: {line} (µs)", flush=True)
+        save(args.out, meta, bench, gemm_rows, fused_rows)
+    try:
+        plot(bench, args.out / "gemm_h200.png", torch.cuda.get_device_name())
+    except ImportError as exc:
+        print(f"no plot: {exc}")
+    print(json.dumps(json.loads((args.out / "gemm_h200.json").read_text())["summary"], indent=1))
+
+
+def save(out: Path, meta: dict, bench: list[dict], gemm_rows: list[dict], fused_rows: list[dict],
+         gpu: str | None = None) -> None:
+    w4a8 = [r["tops"] for r in bench if r["method"].startswith("w4a8")]
+    best = max(w4a8, default=0.0)
+    summary = dict(gpu=gpu or torch.cuda.get_device_name(), **speedups(bench, "w4a8_g128"),
+                   **{f"{key}_pc": v for key, v in speedups(bench, "w4a8_pc").items()},
+                   best_w4a8_tops=round(best, 1), best_w4a8_pct_of_int8_peak=round(100 * best / INT8_PEAK_TOPS, 1),
+                   correctness_ok=all(r["ok"] for r in gemm_rows + fused_rows), checks=len(gemm_rows) + len(fused_rows))
+    result = dict(summary=summary, **meta, bench=bench, correctness_gemm=gemm_rows, correctness_fused=fused_rows)
+    (out / "gemm_h200.json").write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+// Python bindings of the KV4 attention kernels. Shapes and dtypes are checked here; the Python
+// wrappers in qoq/runtime_cuda/attention.py allocate outputs and workspaces.
+#include <c10/cuda/CUDAStream.h>
+#include <torch/extension.h>
+
+#include "attention_kv4.cuh"
+
+namespace {
+
+void check(const torch::Tensor& t, const char* name, at::ScalarType dtype, int dim) {
+  TORCH_CHECK(t.is_cuda(), name, " must be a CUDA tensor");
+  TORCH_CHECK(t.scalar_type() == dtype, name, " has dtype ", t.scalar_type(), ", expected ", dtype);
+  TORCH_CHECK(t.dim() == dim, name, " must have ", dim, " dims, got ", t.dim());
+  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
+}
+
+void decode_kv4(const torch::Tensor& q, const torch::Tensor& k_pages, const torch::Tensor& v_pages,
+                const torch::Tensor& page_table, const torch::Tensor& seq_lens, torch::Tensor& out,
+                torch::Tensor& part_o, torch::Tensor& part_ml, torch::Tensor& counters,
+                int64_t num_kv_heads, int64_t num_splits, int64_t pages_per_split, double scale) {
+  check(q, "q", at::kHalf, 3);
+  check(k_pages, "k_pages", at::kByte, 2);
+  check(v_pages, "v_pages", at::kByte, 2);
+  check(page_table, "page_table", at::kInt, 2);
+  check(seq_lens, "seq_lens", at::kInt, 1);
+  check(out, "out", at::kHalf, 3);
+  check(part_o, "part_o", at::kFloat, 1);
+  check(part_ml, "part_ml", at::kFloat, 1);
+  check(counters, "counters", at::kInt, 1);
+  const int64_t B = q.size(0), Hq = q.size(1), D = q.size(2);
+  TORCH_CHECK(Hq % num_kv_heads == 0, "num_q_heads ", Hq, " is not a multiple of num_kv_heads ", num_kv_heads);
+  const int64_t G = Hq / num_kv_heads;
+  TORCH_CHECK(k_pages.sizes() == v_pages.sizes(), "k_pages and v_pages differ in shape");
+  TORCH_CHECK(k_pages.size(1) == num_kv_heads * qoq_attn::kPageTokens * (D / 2 + 4),
+              "page bytes ", k_pages.size(1), " do not match num_kv_heads ", num_kv_heads, ", head_dim ", D);
+  TORCH_CHECK(page_table.size(0) == B && seq_lens.size(0) == B, "page_table/seq_lens batch != q batch");
+  TORCH_CHECK(out.sizes() == q.sizes(), "out shape != q shape");
+  TORCH_CHECK(num_splits == 1 || (part_o.numel() >= B * num_kv_heads * num_splits * G * D &&
+                                  part_ml.numel() >= B * num_kv_heads * num_splits * G * 2 &&
+                                  counters.numel() >= B * num_kv_heads),
+              "split workspaces too small");
+  qoq_attn::DecodeParams p{};
+  p.q = reinterpret_cast<const half*>(q.data_ptr<at::Half>());
+  p.k_pages = k_pages.data_ptr<uint8_t>();
+  p.v_pages = v_pages.data_ptr<uint8_t>();
+  p.page_table = page_table.data_ptr<int32_t>();
+  p.seq_lens = seq_lens.data_ptr<int32_t>();
+  p.out = reinterpret_cast<half*>(out.data_ptr<at::Half>());
+  p.part_o = part_o.data_ptr<float>();
+  p.part_ml = part_ml.data_ptr<float>();
+  p.counters = counters.data_ptr<int32_t>();
+  p.page_bytes = k_pages.size(1);
+  p.page_table_stride = page_table.size(1);
+  p.batch = B;
+  p.num_kv_heads = num_kv_heads;
+  p.group = G;
+  p.num_splits = num_splits;
+  p.pages_per_split = pages_per_split;
+  p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
+  const cudaError_t err = qoq_attn::launch_decode_kv4(p, D, c10::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, "decode_kv4 launch failed (head_dim ", D, ", group ", G,
+              ", splits ", num_splits, "): ", cudaGetErrorString(err));
+}
+
+void rope_kv4_write(const torch::Tensor& qkv, const torch::Tensor& positions, const torch::Tensor& slots,
+                    const torch::Tensor& cos, const torch::Tensor& sin, torch::Tensor& q_out,
+                    torch::Tensor& k_out, torch::Tensor& k_pages, torch::Tensor& v_pages) {
+  TORCH_CHECK(qkv.is_cuda() && qkv.scalar_type() == at::kHalf && qkv.dim() == 2 && qkv.stride(1) == 1 &&
+                  qkv.stride(0) % 8 == 0,
+              "qkv must be a CUDA fp16 [T, (Hq+2Hkv)*D] tensor with unit column stride and row stride % 8 == 0");
+  check(positions, "positions", at::kLong, 1);
+  check(slots, "slot_mapping", at::kLong, 1);
+  check(cos, "cos", at::kFloat, 2);
+  check(sin, "sin", at::kFloat, 2);
+  check(q_out, "q_out", at::kHalf, 3);
+  check(k_out, "k_out", at::kHalf, 3);
+  check(k_pages, "k_pages", at::kByte, 2);
+  check(v_pages, "v_pages", at::kByte, 2);
+  const int64_t T = qkv.size(0), Hq = q_out.size(1), Hkv = k_out.size(1), D = q_out.size(2);
+  TORCH_CHECK(qkv.size(1) == (Hq + 2 * Hkv) * D, "qkv width ", qkv.size(1), " != (Hq + 2 Hkv) * D");
+  TORCH_CHECK(positions.size(0) == T && slots.size(0) == T && q_out.size(0) == T && k_out.size(0) == T,
+              "token counts differ");
+  TORCH_CHECK(cos.size(1) == D / 2 && sin.sizes() == cos.sizes(), "cos/sin must be [max_pos, D/2]");
+  TORCH_CHECK(k_pages.size(1) == Hkv * qoq_attn::kPageTokens * (D / 2 + 4), "page bytes do not match heads/head_dim");
+  qoq_attn::RopeWriteParams p{};
+  p.qkv = reinterpret_cast<const half*>(qkv.data_ptr<at::Half>());
+  p.positions = positions.data_ptr<int64_t>();
+  p.slots = slots.data_ptr<int64_t>();
+  p.cos = cos.data_ptr<float>();
+  p.sin = sin.data_ptr<float>();
+  p.q_out = reinterpret_cast<half*>(q_out.data_ptr<at::Half>());
+  p.k_out = reinterpret_cast<half*>(k_out.data_ptr<at::Half>());
+  p.k_pages = k_pages.data_ptr<uint8_t>();
+  p.v_pages = v_pages.data_ptr<uint8_t>();
+  p.qkv_stride = qkv.stride(0);
+  p.page_bytes = k_pages.size(1);
+  p.tokens = T;
+  p.num_q_heads = Hq;
+  p.num_kv_heads = Hkv;
+  const cudaError_t err = qoq_attn::launch_rope_kv4_write(p, D, c10::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, "rope_kv4_write launch failed (head_dim ", D, "): ", cudaGetErrorString(err));
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("decode_kv4", &decode_kv4, "decode attention over KV4 pages");
+  m.def("rope_kv4_write", &rope_kv4_write, "RoPE on q/k + KV4 quantize-and-write of k/v");
+}

@@ -1,0 +1,290 @@
+// Decode attention over KV4 pages (one query token per sequence), flash-decoding style.
+//
+// One CTA per (split of the KV length, KV head, sequence); all G <= 8 query heads of the KV head
+// share it, so each K/V byte is read once. Each warp walks chunks of 16*256/D tokens through a
+// ring of kStages lane-private shared-memory slots filled by cp.async, so several chunks' loads are
+// in flight without holding registers. Math runs on the tensor cores:
+//   S[g, t] = sum_d q[g,d] * codeK[t,d]            (mma: A = Q rows g, B = exact fp16 codes)
+//   score   = scaleK[t] * (S - zeroK[t] * sum_d q[g,d])
+//   O[d, g] = sum_t codeV[t,d] * w[g,t] - sum_t w[g,t] * zeroV[t],  w = fp16(p * scaleV[t])
+// so the codes never need a per-element scale: dequantization is a few integer ops per 8 codes.
+// The head_dim order inside the mma is permuted (any order gives the same dot product); the token
+// order inside a 16-token block is permuted identically for K and V. Splits are merged in
+// attention_decode_combine.cuh.
+#include <cmath>
+
+#include "attention_decode_combine.cuh"
+#include "attention_kv4.cuh"
+
+namespace qoq_attn {
+namespace {
+
+constexpr int kWarps = kDecodeWarps;
+constexpr int kThreads = kDecodeThreads;
+// per CTA, so that four CTAs (16 warps: enough to keep the issue slots busy) fit an SM
+constexpr int kRingBytes = 52 * 1024;
+
+template <int D>
+struct Chunk {
+  static constexpr int kBlocks = 256 / D;  // 16-token blocks per chunk (~4 KB of K+V per warp)
+  static constexpr int kTokens = 16 * kBlocks;
+  static constexpr int kKWords = D / 32;  // K code words per lane, per block and n-tile
+  static constexpr int kVWords = D / 64;  // V code words per lane, per block and token
+  // one ring slot: lane-private code pieces stored [piece][lane] (conflict-free 4/8/16-byte
+  // accesses), then the 4 scale/zero vectors of each quad [block][ks,kz,vs,vz][quad], shared
+  static constexpr int kKPiece = D / 8, kVPiece = D / 16;
+  static constexpr int kVOffset = kBlocks * 2 * 32 * kKPiece;
+  static constexpr int kSOffset = kVOffset + kBlocks * 4 * 32 * kVPiece;
+  static constexpr int kSlotBytes = kSOffset + kBlocks * 4 * 4 * 8;
+  static constexpr int kStages = kRingBytes / (kWarps * kSlotBytes);  // 3 (D=128) or 2 (D=64)
+  static_assert(kStages >= 2, "the ring needs two slots per warp");
+  static_assert(kWarps * kMaxGroup * D * 4 <= kRingBytes, "the combine reuses the ring");
+};
+
+// Start copying one chunk (this lane's pieces) into a ring slot.
+template <int D>
+__device__ __forceinline__ void issue_chunk(uint32_t slot, const uint8_t* k_page, const uint8_t* v_page,
+                                            int code_off, int scale_off, int zero_off, int tok0, int lane) {
+  using C = Chunk<D>;
+  constexpr int kRow = D / 2;
+  const int quad = lane & 3, grp = lane >> 2;
+#pragma unroll
+  for (int blk = 0; blk < C::kBlocks; ++blk) {
+    const int t0 = tok0 + 16 * blk;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int row = t0 + 4 * (grp >> 1) + (grp & 1) + 2 * j;
+      cp_async<C::kKPiece>(slot + ((blk * 2 + j) * 32 + lane) * C::kKPiece,
+                           k_page + code_off + row * kRow + quad * (D / 8));
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int row = t0 + 4 * quad + e;
+      cp_async<C::kVPiece>(slot + C::kVOffset + ((blk * 4 + e) * 32 + lane) * C::kVPiece,
+                           v_page + code_off + row * kRow + grp * (D / 16));
+    }
+    if (grp == 0) {  // one copy per quad; the other lanes read it after a __syncwarp
+      const int so = (t0 + 4 * quad) * 2;
+      const uint32_t sdst = slot + C::kSOffset + (blk * 16 + quad) * 8;
+      cp_async<8>(sdst, k_page + scale_off + so);
+      cp_async<8>(sdst + 4 * 8, k_page + zero_off + so);
+      cp_async<8>(sdst + 8 * 8, v_page + scale_off + so);
+      cp_async<8>(sdst + 12 * 8, v_page + zero_off + so);
+    }
+  }
+}
+
+// A landed slot, read piece by piece right where each piece is used (registers stay free for
+// more resident warps).
+template <int D>
+struct SlotReader {
+  using C = Chunk<D>;
+  const uint8_t* slot;
+  int lane;
+  __device__ __forceinline__ void k(uint32_t (&w)[C::kKWords], int blk, int j) const {
+    read_words(w, slot + ((blk * 2 + j) * 32 + lane) * C::kKPiece);
+  }
+  __device__ __forceinline__ void v(uint32_t (&w)[C::kVWords], int blk, int e) const {
+    read_words(w, slot + C::kVOffset + ((blk * 4 + e) * 32 + lane) * C::kVPiece);
+  }
+  // scale/zero vector a (0 ks, 1 kz, 2 vs, 3 vz): 4 fp16 for tokens 4*quad + e
+  __device__ __forceinline__ uint2 sz(int blk, int a) const {
+    return reinterpret_cast<const uint2*>(slot + C::kSOffset)[blk * 16 + a * 4 + (lane & 3)];
+  }
+};
+
+__device__ __forceinline__ float half_at(uint2 v, int e) {
+  const half2 h = bits_h2(e < 2 ? v.x : v.y);
+  return (e & 1) ? __high2float(h) : __low2float(h);
+}
+
+template <int D>
+__device__ __forceinline__ void attend_chunk(const SlotReader<D>& c, const uint32_t (&qa)[D / 16][2],
+                                             float qsum, float scale_log2, int tok_base,
+                                             int seq_len, WarpState<D>& st, int lane) {
+  constexpr int kBlocks = Chunk<D>::kBlocks;
+  const int quad = lane & 3;
+  float s[kBlocks][4];
+#pragma unroll
+  for (int blk = 0; blk < kBlocks; ++blk) {
+    float acc[2][4] = {};
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      uint32_t kw[Chunk<D>::kKWords];
+      c.k(kw, blk, j);
+#pragma unroll
+      for (int w = 0; w < Chunk<D>::kKWords; ++w) {
+        uint32_t b[4];
+        dequant8(kw[w], b);
+        mma_16816(acc[j], qa[2 * w][0], 0u, qa[2 * w][1], 0u, b[0], b[1]);
+        mma_16816(acc[j], qa[2 * w + 1][0], 0u, qa[2 * w + 1][1], 0u, b[2], b[3]);
+      }
+    }
+    const uint2 ks = c.sz(blk, 0), kz = c.sz(blk, 1);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float raw = acc[e >> 1][e & 1];
+      const float sc = (raw - half_at(kz, e) * qsum) * half_at(ks, e) * scale_log2;
+      const bool valid = tok_base + 16 * blk + 4 * quad + e < seq_len;
+      s[blk][e] = valid ? sc : -INFINITY;
+    }
+  }
+  float mx = -INFINITY;
+#pragma unroll
+  for (int blk = 0; blk < kBlocks; ++blk)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) mx = fmaxf(mx, s[blk][e]);
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+  const float m_new = fmaxf(st.m, mx);  // finite: a chunk starts at a valid token
+  const float alpha = exp2f(st.m - m_new);
+  st.m = m_new;
+  float psum = 0.f, zs = 0.f;
+  uint32_t pb[kBlocks][2];
+#pragma unroll
+  for (int blk = 0; blk < kBlocks; ++blk) {
+    half w[4];
+    const uint2 vs = c.sz(blk, 2), vz = c.sz(blk, 3);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float p = exp2f(s[blk][e] - m_new);
+      const bool valid = s[blk][e] != -INFINITY;  // masked tokens may hold garbage scales
+      psum += p;
+      w[e] = valid ? __float2half_rn(p * half_at(vs, e)) : __float2half_rn(0.f);
+      zs += valid ? __half2float(w[e]) * half_at(vz, e) : 0.f;
+    }
+    pb[blk][0] = h2_bits(__halves2half2(w[0], w[1]));
+    pb[blk][1] = h2_bits(__halves2half2(w[2], w[3]));
+  }
+  st.l = st.l * alpha + psum;
+  st.zsum = st.zsum * alpha + zs;
+  if (__any_sync(0xffffffffu, alpha != 1.f)) {  // once the maxima settle, most chunks skip this
+    const float a0 = __shfl_sync(0xffffffffu, alpha, 8 * quad);  // columns g = 2*quad + {0,1}
+    const float a1 = __shfl_sync(0xffffffffu, alpha, 8 * quad + 4);
+#pragma unroll
+    for (int i = 0; i < D / 16; ++i) {
+      st.o[i][0] *= a0; st.o[i][1] *= a1; st.o[i][2] *= a0; st.o[i][3] *= a1;
+    }
+  }
+#pragma unroll
+  for (int blk = 0; blk < kBlocks; ++blk) {
+    uint32_t vw[4][Chunk<D>::kVWords];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) c.v(vw[e], blk, e);
+#pragma unroll
+    for (int w = 0; w < Chunk<D>::kVWords; ++w) {
+      // pair tokens (0,1) and (2,3) so each half2 holds one d of two tokens (the A layout)
+      uint32_t d01[4], d01h[4], d23[4], d23h[4];
+      dequant8(prmt(vw[0][w], vw[1][w], 0x5410), d01);
+      dequant8(prmt(vw[0][w], vw[1][w], 0x7632), d01h);
+      dequant8(prmt(vw[2][w], vw[3][w], 0x5410), d23);
+      dequant8(prmt(vw[2][w], vw[3][w], 0x7632), d23h);
+      mma_16816(st.o[4 * w + 0], d01[0], d01[1], d23[0], d23[1], pb[blk][0], pb[blk][1]);
+      mma_16816(st.o[4 * w + 1], d01[2], d01[3], d23[2], d23[3], pb[blk][0], pb[blk][1]);
+      mma_16816(st.o[4 * w + 2], d01h[0], d01h[1], d23h[0], d23h[1], pb[blk][0], pb[blk][1]);
+      mma_16816(st.o[4 * w + 3], d01h[2], d01h[3], d23h[2], d23h[3], pb[blk][0], pb[blk][1]);
+    }
+  }
+}
+
+// Query fragments (A operand, rows g = grp; rows 8..15 are zero) in the permuted d order.
+template <int D>
+__device__ __forceinline__ float load_query(const DecodeParams& p, int b, int head, int lane,
+                                            uint32_t (&qa)[D / 16][2]) {
+  const int quad = lane & 3, grp = lane >> 2;
+  float qsum = 0.f;
+#pragma unroll
+  for (int w = 0; w < D / 32; ++w) {
+    uint4 raw = make_uint4(0, 0, 0, 0);
+    if (grp < p.group) {
+      const int hq = head * p.group + grp;
+      const half* src = p.q + ((size_t)b * p.num_kv_heads * p.group + hq) * D + quad * (D / 4) + 8 * w;
+      raw = __ldg(reinterpret_cast<const uint4*>(src));
+    }
+    const half* h = reinterpret_cast<const half*>(&raw);
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+      qa[2 * w + t][0] = h2_bits(__halves2half2(h[2 * t], h[2 * t + 4]));
+      qa[2 * w + t][1] = h2_bits(__halves2half2(h[2 * t + 1], h[2 * t + 5]));
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) qsum += __half2float(h[i]);
+  }
+  qsum += __shfl_xor_sync(0xffffffffu, qsum, 1);
+  qsum += __shfl_xor_sync(0xffffffffu, qsum, 2);
+  return qsum;
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads, 4) decode_kv4_kernel(const DecodeParams p) {
+  using C = Chunk<D>;
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int split = blockIdx.x, head = blockIdx.y, b = blockIdx.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int seq_len = p.seq_lens[b];
+  const int tok_begin = split * p.pages_per_split * kPageTokens;
+  const int tok_end = min(seq_len, tok_begin + p.pages_per_split * kPageTokens);
+  const int n_chunks = tok_end > tok_begin ? (tok_end - tok_begin + C::kTokens - 1) / C::kTokens : 0;
+
+  constexpr int kRow = D / 2;
+  const int H = p.num_kv_heads;
+  const int code_off = head * kPageTokens * kRow;
+  const int scale_off = H * kPageTokens * kRow + head * kPageTokens * 2;
+  const int zero_off = scale_off + H * kPageTokens * 2;
+  const int32_t* table = p.page_table + (size_t)b * p.page_table_stride;
+  uint8_t* ring = smem + warp * C::kStages * C::kSlotBytes;
+  const uint32_t ring_addr = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
+  // the warp's i-th chunk is chunk warp + i*kWarps, in slot i % kStages; one commit group each
+  auto issue = [&](int i) {
+    const int chunk = warp + i * kWarps;
+    if (chunk < n_chunks) {
+      const int tok = tok_begin + chunk * C::kTokens;
+      const int64_t page = table[tok / kPageTokens];
+      issue_chunk<D>(ring_addr + (i % C::kStages) * C::kSlotBytes, p.k_pages + page * p.page_bytes,
+                     p.v_pages + page * p.page_bytes, code_off, scale_off, zero_off, tok % kPageTokens, lane);
+    }
+    cp_async_commit();
+  };
+#pragma unroll
+  for (int i = 0; i < C::kStages - 1; ++i) issue(i);
+
+  uint32_t qa[D / 16][2];
+  const float qsum = load_query<D>(p, b, head, lane, qa);
+  WarpState<D> st;
+#pragma unroll
+  for (int i = 0; i < D / 16; ++i) st.o[i][0] = st.o[i][1] = st.o[i][2] = st.o[i][3] = 0.f;
+  st.m = -INFINITY; st.l = 0.f; st.zsum = 0.f;
+
+  for (int i = 0; warp + i * kWarps < n_chunks; ++i) {
+    cp_async_wait<C::kStages - 2>();  // chunk i has landed (groups complete in order)
+    __syncwarp();  // ... for every lane: scales were copied by lanes 0-3
+    issue(i + C::kStages - 1);  // refills the slot read in the previous iteration
+    const SlotReader<D> c{ring + (i % C::kStages) * C::kSlotBytes, lane};
+    attend_chunk<D>(c, qa, qsum, p.scale_log2, tok_begin + (warp + i * kWarps) * C::kTokens, seq_len, st, lane);
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // the ring becomes the combine's scratch
+  combine_warps_and_splits<D>(p, st, reinterpret_cast<float*>(smem), split, head, b);
+}
+
+template <int D>
+cudaError_t launch(const DecodeParams& p, cudaStream_t stream) {
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(decode_kv4_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, kRingBytes);
+  if (attr != cudaSuccess) return attr;
+  const dim3 grid(p.num_splits, p.num_kv_heads, p.batch);
+  decode_kv4_kernel<D><<<grid, kThreads, kRingBytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t launch_decode_kv4(const DecodeParams& p, int head_dim, cudaStream_t stream) {
+  if (p.group < 1 || p.group > kMaxGroup || p.num_splits < 1 || p.num_splits > kMaxSplits)
+    return cudaErrorInvalidValue;
+  if (head_dim == 128) return launch<128>(p, stream);
+  if (head_dim == 64) return launch<64>(p, stream);
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace qoq_attn

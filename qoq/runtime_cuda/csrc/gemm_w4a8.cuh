@@ -1,0 +1,122 @@
+// Device building blocks of the W4A8 GEMMs (DESIGN §3.1, §3.2, §4).
+//
+// The artifact's qweight is already in compute order: inside each 32x32 tile (512 bytes), lane
+// L = 4c+e owns 16 bytes = words w[2d+b], byte f of w[2d+b] holding
+// Q[8b+c, 16d+4e+f] (low nibble) and Q[16+8b+c, same k] (high nibble). These are exactly the
+// mma.m16n8k32 B fragments (register d) of the four n8 blocks j = 0..3 (rows 8j+c).
+#pragma once
+
+#include <cstdint>
+#include <cuda_fp16.h>
+
+namespace qoq_gemm {
+
+struct GemmParams {
+  const int8_t* qx;        // [M, K] per-token int8 activations, row-major
+  const half* s_x;         // [M] activation scales
+  const uint8_t* qweight;  // [N, K/2] packed codes, compute-order 32x32 tiles
+  const half* s1;          // [N] level-0 (or per-channel) scales
+  const int8_t* s2;        // [K/g, N] interleaved level-1 scales (per group)
+  const int8_t* s2_zeros;  // [K/g, N] interleaved -z (per group)
+  const half* szero;       // [N] scaled zeros (per channel)
+  const float* xsum;       // [M] per-token sums of the unquantized activation (per channel)
+  const half* bias;        // [N] or nullptr
+  half* out;               // [M, N]
+  int32_t* acc_out;        // [M, N] debug: raw int32 accumulators instead of `out`
+  int M, N, K, group;
+};
+
+__device__ __forceinline__ void mma_s8_16832(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Level-1 scales of the four n8 blocks this lane feeds (rows c, c+8, c+16, c+24): one 32-bit word
+// of the interleaved s2 / -z rows, byte j for block j.
+struct GroupScales {
+  uint32_t s2[4];       // s2 of block j, a multiplier for four packed bytes
+  uint32_t zero_lo[4];  // -z of block j in all four bytes, low 7 bits of each byte
+  uint32_t zero_hi[4];  // ... and the top bit of each byte
+};
+
+__device__ __forceinline__ GroupScales unpack_group_scales(uint32_t s2_word, uint32_t zero_word) {
+  GroupScales gs;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    gs.s2[j] = (s2_word >> (8 * j)) & 0xffu;
+    const uint32_t zero = __byte_perm(zero_word, 0, 0x1111 * j);
+    gs.zero_lo[j] = zero & 0x7f7f7f7fu;
+    gs.zero_hi[j] = zero & 0x80808080u;
+  }
+  return gs;
+}
+
+// Byte-wise a + zero modulo 256 (no carry crosses a byte): low 7 bits add, top bits xor in.
+__device__ __forceinline__ uint32_t add_zero_bytes(uint32_t a, uint32_t zero_lo, uint32_t zero_hi) {
+  return ((a & 0x7f7f7f7fu) + zero_lo) ^ (a & 0x80808080u) ^ zero_hi;
+}
+
+// 16 packed bytes of one lane -> B fragments b[j][d] of the n8 blocks j. Per group:
+// W8 = q*s2 + (-z) byte-parallel (q*s2 <= 255 never carries; the sum wraps to the int8 W8).
+template <bool GROUPED>
+__device__ __forceinline__ void dequant_tile(const uint4& packed, const GroupScales& gs, uint32_t (&b)[4][2]) {
+  const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+#pragma unroll
+    for (int d = 0; d < 2; ++d) {
+      const uint32_t q = (words[2 * d + (j & 1)] >> (4 * (j >> 1))) & 0x0f0f0f0fu;
+      b[j][d] = GROUPED ? add_zero_bytes(q * gs.s2[j], gs.zero_lo[j], gs.zero_hi[j]) : q;
+    }
+  }
+}
+
+// Epilogue of one output element: §3.1 s_x*s1*acc, or §3.2 s_x*s*acc - z*Σx; plus bias.
+__device__ __forceinline__ float epilogue(const GemmParams& p, int row, int col, int acc) {
+  float y = __half2float(p.s_x[row]) * __half2float(p.s1[col]) * static_cast<float>(acc);
+  if (p.szero != nullptr) y -= p.xsum[row] * __half2float(p.szero[col]);
+  if (p.bias != nullptr) y += __half2float(p.bias[col]);
+  return y;
+}
+
+// Two neighbouring columns (col even) of one row.
+__device__ __forceinline__ void store_pair(const GemmParams& p, int row, int col, int acc0, int acc1) {
+  const size_t idx = static_cast<size_t>(row) * p.N + col;
+  if (p.acc_out != nullptr) {
+    *reinterpret_cast<int2*>(p.acc_out + idx) = make_int2(acc0, acc1);
+    return;
+  }
+  *reinterpret_cast<half2*>(p.out + idx) =
+      __floats2half2_rn(epilogue(p, row, col, acc0), epilogue(p, row, col + 1, acc1));
+}
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(valid ? 16 : 0));
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+template <int PENDING>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// Streamed once: skip L1 so the activations stay there.
+__device__ __forceinline__ uint4 load_stream16(const void* ptr) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(ptr));
+  return v;
+}
+
+}  // namespace qoq_gemm

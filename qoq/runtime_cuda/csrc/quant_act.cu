@@ -1,0 +1,202 @@
+// Fused per-token activation quantization (DESIGN §3.3, §3.5, §5): one block per token row.
+// Pass 1 computes the fp16 GEMM input y (x, RMSNorm(x) or silu(gate)*up) into shared memory and
+// its |max| and sum; pass 2 writes the int8 codes. Divisions are IEEE (__fdiv_rn) even under
+// --use_fast_math so codes match the torch reference exactly.
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda_fp16.h>
+
+#include "quant_act.cuh"
+
+namespace qoq_quant {
+
+constexpr int THREADS = 256;
+constexpr float ABS_MAX_FLOOR = 1e-6f;
+constexpr float SMALLEST_FP16_SCALE = 5.9604644775390625e-08f;  // 2^-24, as qoq.quant.activations
+
+enum class RowOp { Plain, RmsNorm, SiluMul };
+
+struct QuantParams {
+  const half* x;      // [T, K] rows x_stride apart (gate for SiluMul)
+  const half* up;     // [T, K] rows up_stride apart (SiluMul)
+  const half* gamma;  // [K] (RmsNorm)
+  int64_t x_stride, up_stride;
+  float eps;
+  int K;
+  int8_t* qx;    // [T, K]
+  half* scale;   // [T]
+  float* xsum;   // [T] or nullptr
+};
+
+template <bool IS_MAX>
+__device__ float block_reduce(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    const float o = __shfl_xor_sync(0xffffffffu, v, off);
+    v = IS_MAX ? fmaxf(v, o) : v + o;
+  }
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    v = lane < THREADS / 32 ? scratch[lane] : 0.0f;  // 0 is neutral for sums and for |max|
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+      const float o = __shfl_xor_sync(0xffffffffu, v, off);
+      v = IS_MAX ? fmaxf(v, o) : v + o;
+    }
+    if (lane == 0) scratch[0] = v;
+  }
+  __syncthreads();
+  const float result = scratch[0];
+  __syncthreads();  // scratch is reused by the next reduction
+  return result;
+}
+
+__device__ __forceinline__ float round_to_half(float v) { return __half2float(__float2half_rn(v)); }
+
+__device__ __forceinline__ void unpack8(const uint4& v, float (&f)[8]) {
+  const half2* h = reinterpret_cast<const half2*>(&v);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 pair = __half22float2(h[i]);
+    f[2 * i] = pair.x;
+    f[2 * i + 1] = pair.y;
+  }
+}
+
+template <RowOp OP>
+__global__ void __launch_bounds__(THREADS) quant_rows_kernel(const QuantParams p) {
+  extern __shared__ __align__(16) uint4 row_buf[];  // [K/8] fp16 GEMM inputs of this row
+  __shared__ float scratch[32];
+  const int row = blockIdx.x, vecs = p.K / 8;
+  const uint4* x = reinterpret_cast<const uint4*>(p.x + row * p.x_stride);
+
+  float inv_rms = 0.0f;
+  if constexpr (OP == RowOp::RmsNorm) {
+    float sum_sq = 0.0f;
+    for (int v = threadIdx.x; v < vecs; v += THREADS) {
+      float f[8];
+      unpack8(x[v], f);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) sum_sq += f[e] * f[e];
+    }
+    sum_sq = block_reduce<false>(sum_sq, scratch);
+    inv_rms = __fdiv_rn(1.0f, __fsqrt_rn(__fdiv_rn(sum_sq, static_cast<float>(p.K)) + p.eps));
+  }
+
+  float abs_max = 0.0f, sum = 0.0f;
+  for (int v = threadIdx.x; v < vecs; v += THREADS) {
+    float f[8];
+    unpack8(x[v], f);
+    float other[8];
+    if constexpr (OP == RowOp::RmsNorm) unpack8(reinterpret_cast<const uint4*>(p.gamma)[v], other);
+    if constexpr (OP == RowOp::SiluMul) unpack8(reinterpret_cast<const uint4*>(p.up + row * p.up_stride)[v], other);
+    uint4 packed;
+    half2* out = reinterpret_cast<half2*>(&packed);
+#pragma unroll
+    for (int e = 0; e < 8; e += 2) {
+      float y[2];
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const float a = f[e + u];
+        if constexpr (OP == RowOp::Plain) y[u] = a;
+        if constexpr (OP == RowOp::RmsNorm) y[u] = round_to_half(a * inv_rms * other[e + u]);
+        if constexpr (OP == RowOp::SiluMul) {
+          const float silu = round_to_half(__fdiv_rn(a, 1.0f + expf(-a)));  // F.silu rounds to fp16
+          y[u] = round_to_half(silu * other[e + u]);
+        }
+        abs_max = fmaxf(abs_max, fabsf(y[u]));
+        sum += y[u];
+      }
+      out[e / 2] = __floats2half2_rn(y[0], y[1]);
+    }
+    row_buf[v] = packed;  // read back below by this same thread: no barrier needed
+  }
+  abs_max = block_reduce<true>(abs_max, scratch);
+  if (p.xsum != nullptr) sum = block_reduce<false>(sum, scratch);
+  const half scale_h = __float2half_rn(__fdiv_rn(fmaxf(abs_max, ABS_MAX_FLOOR), 127.0f));
+  const float scale = fmaxf(__half2float(scale_h), SMALLEST_FP16_SCALE);
+  if (threadIdx.x == 0) {
+    p.scale[row] = __float2half_rn(scale);
+    if (p.xsum != nullptr) p.xsum[row] = sum;
+  }
+
+  uint2* codes = reinterpret_cast<uint2*>(p.qx + static_cast<int64_t>(row) * p.K);
+  for (int v = threadIdx.x; v < vecs; v += THREADS) {
+    float f[8];
+    unpack8(row_buf[v], f);
+    uint32_t word[2] = {0u, 0u};
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const float q = fminf(fmaxf(rintf(__fdiv_rn(f[e], scale)), -127.0f), 127.0f);
+      word[e / 4] |= (static_cast<uint32_t>(static_cast<int>(q)) & 0xffu) << (8 * (e % 4));
+    }
+    codes[v] = make_uint2(word[0], word[1]);
+  }
+}
+
+static void check_rows(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.is_cuda() && t.scalar_type() == at::kHalf, name, " must be a CUDA fp16 tensor");
+  TORCH_CHECK(t.dim() == 2 && t.stride(1) == 1, name, " must be [T, K] with contiguous rows");
+  TORCH_CHECK(t.size(1) % 8 == 0 && t.stride(0) % 8 == 0, name, ": K and the row stride must be multiples of 8");
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, name, " must be 16-byte aligned");
+}
+
+template <RowOp OP>
+static std::vector<at::Tensor> launch(QuantParams p, const at::Tensor& x, bool with_sum) {
+  const int64_t T = x.size(0), K = x.size(1);
+  at::Tensor qx = at::empty({T, K}, x.options().dtype(at::kChar));
+  at::Tensor scale = at::empty({T, 1}, x.options());
+  at::Tensor xsum = at::empty({with_sum ? T : 0}, x.options().dtype(at::kFloat));
+  p.K = static_cast<int>(K);
+  p.qx = qx.data_ptr<int8_t>();
+  p.scale = reinterpret_cast<half*>(scale.data_ptr<at::Half>());
+  p.xsum = with_sum ? xsum.data_ptr<float>() : nullptr;
+  if (T > 0 && K > 0) {
+    const c10::cuda::CUDAGuard guard(x.device());
+    const int smem = static_cast<int>(K * sizeof(half));
+    if (smem > 48 * 1024) {
+      C10_CUDA_CHECK(cudaFuncSetAttribute(quant_rows_kernel<OP>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    }
+    quant_rows_kernel<OP><<<T, THREADS, smem, c10::cuda::getCurrentCUDAStream()>>>(p);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  return {qx, scale, xsum};
+}
+
+std::vector<at::Tensor> quant_tokens(const at::Tensor& x, bool with_sum) {
+  check_rows(x, "x");
+  QuantParams p{};
+  p.x = reinterpret_cast<const half*>(x.data_ptr<at::Half>());
+  p.x_stride = x.stride(0);
+  return launch<RowOp::Plain>(p, x, with_sum);
+}
+
+std::vector<at::Tensor> rmsnorm_quant(const at::Tensor& x, const at::Tensor& weight, double eps, bool with_sum) {
+  check_rows(x, "x");
+  TORCH_CHECK(weight.is_cuda() && weight.scalar_type() == at::kHalf && weight.is_contiguous(),
+              "weight must be a contiguous CUDA fp16 tensor");
+  TORCH_CHECK(weight.numel() == x.size(1), "weight has ", weight.numel(), " elements, x has K=", x.size(1));
+  QuantParams p{};
+  p.x = reinterpret_cast<const half*>(x.data_ptr<at::Half>());
+  p.x_stride = x.stride(0);
+  p.gamma = reinterpret_cast<const half*>(weight.data_ptr<at::Half>());
+  p.eps = static_cast<float>(eps);
+  return launch<RowOp::RmsNorm>(p, x, with_sum);
+}
+
+std::vector<at::Tensor> silu_mul_quant(const at::Tensor& gate, const at::Tensor& up, bool with_sum) {
+  check_rows(gate, "gate");
+  check_rows(up, "up");
+  TORCH_CHECK(gate.sizes() == up.sizes(), "gate and up must have one shape, got ", gate.sizes(), " and ", up.sizes());
+  QuantParams p{};
+  p.x = reinterpret_cast<const half*>(gate.data_ptr<at::Half>());
+  p.x_stride = gate.stride(0);
+  p.up = reinterpret_cast<const half*>(up.data_ptr<at::Half>());
+  p.up_stride = up.stride(0);
+  return launch<RowOp::SiluMul>(p, gate, with_sum);
+}
+
+}  // namespace qoq_quant

@@ -1,0 +1,51 @@
+"""Fused per-token activation quantization on the GPU (DESIGN §3.3, §3.5, §5).
+
+Each function takes fp16 activations [..., K] and returns (qx int8 [..., K], s_x fp16 [..., 1],
+xsum fp32 [...] or None): xsum is the per-token sum of the fp16 GEMM input before quantization,
+which per-channel GEMMs need (§3.2). References with the same contracts: qoq.runtime_cuda.reference.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from qoq.runtime_cuda.gemm import extension
+
+
+def _rows(x: torch.Tensor, name: str) -> torch.Tensor:
+    """[..., K] -> [T, K] view (row strides allowed, last dim contiguous)."""
+    if x.dtype != torch.float16 or not x.is_cuda:
+        raise ValueError(f"{name} must be a CUDA fp16 tensor, got {x.dtype} on {x.device}")
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    return x.reshape(-1, x.shape[-1])
+
+
+def _unflatten(result, lead: torch.Size, with_sum: bool):
+    qx, s_x, xsum = result
+    return (
+        qx.reshape(*lead, qx.shape[-1]),
+        s_x.reshape(*lead, 1),
+        xsum.reshape(lead) if with_sum else None,
+    )
+
+
+def quant_tokens(x: torch.Tensor, with_sum: bool = False):
+    """§3.3 of x [..., K]."""
+    return _unflatten(extension().quant_tokens(_rows(x, "x"), with_sum), x.shape[:-1], with_sum)
+
+
+def rmsnorm_quant(x: torch.Tensor, weight: torch.Tensor, eps: float, with_sum: bool = False):
+    """§3.5 RMSNorm of x [..., K] (fp32 math, fp16 result), then §3.3."""
+    if weight.shape != (x.shape[-1],):
+        raise ValueError(f"RMSNorm weight must be [{x.shape[-1]}], got {tuple(weight.shape)}")
+    result = extension().rmsnorm_quant(_rows(x, "x"), weight.half().contiguous(), float(eps), with_sum)
+    return _unflatten(result, x.shape[:-1], with_sum)
+
+
+def silu_mul_quant(gate: torch.Tensor, up: torch.Tensor, with_sum: bool = False):
+    """fp16(fp16(silu(gate)) · up) of gate, up [..., I] (e.g. the halves of a gate_up output), then §3.3."""
+    if gate.shape != up.shape:
+        raise ValueError(f"gate {tuple(gate.shape)} and up {tuple(up.shape)} must have one shape")
+    result = extension().silu_mul_quant(_rows(gate, "gate"), _rows(up, "up"), with_sum)
+    return _unflatten(result, gate.shape[:-1], with_sum)

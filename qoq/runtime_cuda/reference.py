@@ -1,0 +1,105 @@
+"""Pure-torch references with exactly the contracts of the CUDA kernels (CPU or GPU).
+
+GEMM: from the packed artifact tensors of DESIGN §4, exact integer accumulation, fp32 epilogue.
+Fused quantizers: the fp16 GEMM input (x, RMSNorm(x) or silu(gate)*up) quantized per token (§3.3),
+plus the per-token sum of that fp16 input when asked.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from qoq.quant.activations import quantize_tokens
+from qoq.quant.linear import IntegerLinear
+
+
+def integer_weight(
+    qweight: torch.Tensor, *, s2_scales: torch.Tensor | None = None, s2_zeros: torch.Tensor | None = None
+) -> torch.Tensor:
+    """int8 [N, K] weight the MMA sees: W8 = q·s2 + s2_zeros (per group) or the codes q (per channel)."""
+    n = qweight.shape[0]
+    ones = torch.ones(n, dtype=torch.float16, device=qweight.device)
+    tensors = {"w.qweight": qweight, "w.s1_scales": ones}
+    if s2_scales is not None:
+        tensors.update({"w.s2_scales": s2_scales, "w.s2_zeros": s2_zeros})
+    else:
+        tensors["w.s1_szeros"] = ones
+    return IntegerLinear.from_tensors(tensors, "w").weight
+
+
+def accumulate(qx: torch.Tensor, w_int: torch.Tensor) -> torch.Tensor:
+    """Exact Σ_k qx[m,k]·w_int[n,k] as int64 [M, N]: float64 sums of integers below 2^53 are exact."""
+    if qx.shape[1] * 127 * 128 >= 2**53:
+        raise ValueError(f"K={qx.shape[1]} is too long for exact float64 accumulation")
+    return (qx.double() @ w_int.double().t()).to(torch.int64)
+
+
+def reference_accumulators(qx: torch.Tensor, qweight: torch.Tensor, *, s2_scales=None, s2_zeros=None) -> torch.Tensor:
+    """Exact Σ_k qx[m,k]·W8[n,k] as int64 [M, N] (W8 = q per channel)."""
+    return accumulate(qx, integer_weight(qweight, s2_scales=s2_scales, s2_zeros=s2_zeros))
+
+
+def epilogue(
+    acc: torch.Tensor,  # integer [M, N]
+    s_x: torch.Tensor,  # fp16 [M] or [M, 1]
+    s1_scales: torch.Tensor,  # fp16 [N]
+    *,
+    s1_szeros: torch.Tensor | None = None,
+    xsum: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype = torch.float16,
+) -> torch.Tensor:
+    """fp32 s_x·s1·acc (§3.1), minus z·Σx per channel (§3.2), plus bias."""
+    y = s_x.reshape(-1, 1).float() * s1_scales.float() * acc.float()
+    if s1_szeros is not None:
+        if xsum is None:
+            raise ValueError("per-channel weights need xsum, the per-token sums of the unquantized input")
+        y = y - xsum.reshape(-1, 1).float() * s1_szeros.float()
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(out_dtype)
+
+
+def reference_gemm(
+    qx: torch.Tensor,  # int8 [M, K]
+    s_x: torch.Tensor,  # fp16 [M] or [M, 1]
+    qweight: torch.Tensor,  # int8 [N, K/2]
+    s1_scales: torch.Tensor,  # fp16 [N]
+    *,
+    s2_scales: torch.Tensor | None = None,
+    s2_zeros: torch.Tensor | None = None,
+    s1_szeros: torch.Tensor | None = None,
+    xsum: torch.Tensor | None = None,  # fp32 [M]
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype = torch.float16,
+) -> torch.Tensor:
+    """[M, N] = s_x·s1·acc (§3.1) or s_x·s·acc − z·Σx (§3.2), + bias; epilogue in fp32."""
+    if (s1_szeros is None) == (s2_scales is None):
+        raise ValueError("give s2_scales/s2_zeros (per group) or s1_szeros with xsum (per channel)")
+    acc = reference_accumulators(qx, qweight, s2_scales=s2_scales, s2_zeros=s2_zeros)  # [M, N]
+    return epilogue(acc, s_x, s1_scales, s1_szeros=s1_szeros, xsum=xsum, bias=bias, out_dtype=out_dtype)
+
+
+def _quantize_with_sum(y: torch.Tensor, with_sum: bool):
+    qx, s_x = quantize_tokens(y)
+    return qx, s_x, y.float().sum(dim=-1) if with_sum else None
+
+
+def reference_quant(x: torch.Tensor, with_sum: bool = False):
+    """§3.3 of fp16 x [..., K] -> (qx, s_x [..., 1], xsum fp32 [...] or None)."""
+    return _quantize_with_sum(x, with_sum)
+
+
+def reference_rmsnorm_quant(x: torch.Tensor, weight: torch.Tensor, eps: float, with_sum: bool = False):
+    """§3.5 RMSNorm in fp32, rounded to fp16 (the GEMM input), then §3.3."""
+    x32 = x.float()
+    inv_rms = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)  # [..., 1]
+    y = (x32 * inv_rms * weight.float()).half()
+    return _quantize_with_sum(y, with_sum)
+
+
+def reference_silu_mul_quant(gate: torch.Tensor, up: torch.Tensor, with_sum: bool = False):
+    """fp16(fp16(silu(gate)) · up), as an fp16 MLP computes it, then §3.3."""
+    y = F.silu(gate.half()) * up.half()
+    return _quantize_with_sum(y, with_sum)

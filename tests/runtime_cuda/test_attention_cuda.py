@@ -1,0 +1,102 @@
+"""CUDA KV4 attention kernels against their pure-torch references, on fresh random data."""
+
+import math
+
+import pytest
+import torch
+
+from qoq.runtime_cuda import attention
+from qoq.runtime_cuda import attention_reference as ref
+
+pytestmark = pytest.mark.cuda
+
+
+def _rope_tables(max_pos, dim, device):
+    inv_freq = 1.0 / 500000 ** (torch.arange(0, dim, 2, device=device).float() / dim)
+    angles = torch.arange(max_pos, device=device).float()[:, None] * inv_freq  # [P, D/2]
+    return angles.cos(), angles.sin()
+
+
+def _rel(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+@pytest.mark.parametrize("hq,hkv,dim", [(8, 8, 64), (12, 4, 128), (16, 4, 64), (32, 4, 128)])
+def test_rope_kv4_write_matches_reference(hq, hkv, dim):
+    gen = torch.Generator(device="cuda").manual_seed(hq * dim)
+    t, n_pages = 300, 8
+    qkv = torch.randn(t, (hq + 2 * hkv) * dim, device="cuda", generator=gen).half() * 3
+    heads = qkv.view(t, -1, dim)
+    heads[0, hq] = 0  # K head 0 of token 0: zero before and after RoPE (max == min)
+    heads[1, hq + hkv] = -0.75  # V head 0 of token 1: constant
+    positions = torch.randint(0, 8192, (t,), device="cuda", generator=gen)
+    slots = torch.randperm(n_pages * 64, device="cuda", generator=gen)[:t]
+    slots[5] = -1  # a padding token: not cached
+    cos, sin = _rope_tables(8192, dim, "cuda")
+    pools = [torch.randint(0, 256, (n_pages, ref.page_bytes(hkv, dim)), device="cuda", dtype=torch.uint8, generator=gen) for _ in range(2)]
+    ref_pools = [p.clone() for p in pools]
+    q, k = attention.rope_kv4_write(qkv, positions, slots, cos, sin, *pools, hq, hkv)
+    q_ref, k_ref = ref.rope_kv4_write(qkv, positions, slots, cos, sin, *ref_pools, hq, hkv)
+    assert torch.equal(q, q_ref) and torch.equal(k, k_ref)
+    for pool, ref_pool in zip(pools, ref_pools):
+        codes, scale, zero = ref.page_views(pool, hkv, dim)
+        codes_ref, scale_ref, zero_ref = ref.page_views(ref_pool, hkv, dim)
+        # exact; unwritten slots hold the same garbage, NaNs included (a flat head's zero may be ±0)
+        torch.testing.assert_close(scale, scale_ref, rtol=0, atol=0, equal_nan=True)
+        torch.testing.assert_close(zero, zero_ref, rtol=0, atol=0, equal_nan=True)
+        diff = (ref.unpack_nibbles(codes).int() - ref.unpack_nibbles(codes_ref).int()).abs()
+        assert diff.max().item() <= 1 and diff.float().mean().item() <= 1e-3
+
+
+def _random_cache(lens, hkv, dim, gen):
+    """Pools of garbage with the sequences' K/V written at shuffled pages -> (pools, page_table, seq_lens)."""
+    n_pages = [math.ceil(n / 64) for n in lens]
+    total = sum(n_pages) + 3
+    pools = [torch.randint(0, 256, (total, ref.page_bytes(hkv, dim)), device="cuda", dtype=torch.uint8, generator=gen) for _ in range(2)]
+    perm = torch.randperm(total, device="cuda", generator=gen)
+    table = torch.zeros(len(lens), max(n_pages), dtype=torch.int32, device="cuda")
+    start = 0
+    for i, (n, p) in enumerate(zip(lens, n_pages)):
+        ids = perm[start : start + p]
+        start += p
+        table[i, :p] = ids.int()
+        slots = (ids[:, None] * 64 + torch.arange(64, device="cuda")).flatten()[:n]
+        for pool in pools:
+            x = torch.randn(n, hkv, dim, device="cuda", generator=gen).half()
+            x[0, 0] = 1.5  # max == min
+            ref.write_kv4(pool, x, slots)
+    return pools, table, torch.tensor(lens, dtype=torch.int32, device="cuda")
+
+
+@pytest.mark.parametrize("group,dim", [(1, 128), (3, 64), (4, 128), (8, 64), (8, 128)])
+def test_decode_attention_matches_reference(group, dim):
+    gen = torch.Generator(device="cuda").manual_seed(group * 1000 + dim)
+    hkv = 2
+    lens = [1, 64, 65, 4096] + torch.randint(1, 4097, (4,), generator=gen, device="cuda").tolist()
+    (k_pool, v_pool), table, seq_lens = _random_cache(lens, hkv, dim, gen)
+    q = torch.randn(len(lens), hkv * group, dim, device="cuda", generator=gen).half()
+    expected = ref.decode_attention(q, k_pool, v_pool, table, seq_lens)
+    for splits in (None, 1, 7, 64):
+        out = attention.decode_attention(q, k_pool, v_pool, table, seq_lens, max(lens), num_splits=splits)
+        assert _rel(out, expected) < 1e-3, f"num_splits={splits}"
+
+
+def test_decode_attention_rejects_large_groups():
+    q = torch.randn(1, 32, 64, device="cuda").half()
+    pool = torch.zeros(1, ref.page_bytes(2, 64), dtype=torch.uint8, device="cuda")
+    one = torch.ones(1, 1, dtype=torch.int32, device="cuda")
+    with pytest.raises(ValueError, match="group size"):
+        attention.decode_attention(q, pool, pool, one, one[0], 1)
+
+
+@pytest.mark.parametrize("lens", [[1, 100, 300], [64, 64, 64]])  # ragged (flash varlen), uniform (SDPA)
+def test_prefill_attention_matches_reference(lens):
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    hq, hkv, dim = 8, 2, 128
+    t = sum(lens)
+    q = torch.randn(t, hq, dim, device="cuda", generator=gen).half()
+    k = torch.randn(t, hkv, dim, device="cuda", generator=gen).half()
+    v = torch.randn(t, hkv, dim, device="cuda", generator=gen).half()
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device="cuda")
+    out = attention.prefill_attention(q, k, v, lens)
+    assert _rel(out, ref.prefill_attention(q, k, v, cu)) < 1e-3

@@ -1,0 +1,110 @@
+"""GPU checks: the CUDA kernels against their pure-torch references (DESIGN §5 tolerances)."""
+
+import pytest
+import torch
+
+from qoq.quant.linear import IntegerLinear, export_linear
+from qoq.quant.weights import quantize_weight
+from qoq.runtime_cuda import quant_kernels
+from qoq.runtime_cuda.gemm import w4a8_accumulators, w4a8_gemm
+from qoq.runtime_cuda.linear import CudaW4A8Linear
+from qoq.runtime_cuda.reference import (
+    reference_accumulators,
+    reference_gemm,
+    reference_quant,
+    reference_rmsnorm_quant,
+    reference_silu_mul_quant,
+)
+
+pytestmark = pytest.mark.cuda
+DEV = "cuda"
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def _artifact(n: int, k: int, group_size: int, seed: int) -> dict:
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    w = torch.randn(n, k, device=DEV, generator=g)
+    bias = torch.randn(n, device=DEV, generator=g).half()
+    return export_linear("w", quantize_weight(w, group_size), bias)
+
+
+def _gemm_args(t: dict) -> dict:
+    names = ("s2_scales", "s2_zeros", "s1_szeros", "bias")
+    return {k: t[f"w.{k}"] for k in names if f"w.{k}" in t}
+
+
+TILED = ["tiled64", "tiled128"]
+VARIANTS_BY_M = {m: (["gemv", *TILED] if m <= 64 else TILED) for m in (1, 5, 16, 17, 33, 64, 100)}
+
+
+# N=96 leaves a partial 128-column tile; K=288 per channel leaves a 32-wide K tail.
+@pytest.mark.parametrize("group_size,n,k", [(128, 96, 384), (64, 160, 192), (-1, 96, 288)])
+def test_gemm_accumulators_exact_and_outputs_close(group_size, n, k):
+    t = _artifact(n, k, group_size, seed=n + k)
+    for m, variants in VARIANTS_BY_M.items():
+        x = torch.randn(m, k, device=DEV).half()
+        qx, s_x, xsum = reference_quant(x, with_sum=True)
+        s2 = {a: v for a, v in _gemm_args(t).items() if a.startswith("s2")}
+        acc_ref = reference_accumulators(qx, t["w.qweight"], **s2)
+        args = dict(_gemm_args(t), xsum=xsum if group_size == -1 else None)
+        y_ref = reference_gemm(qx, s_x, t["w.qweight"], t["w.s1_scales"], out_dtype=torch.float32, **args)
+        for variant in variants:
+            acc = torch.full((m, n), -(2**31), dtype=torch.int32, device=DEV)  # poison: every element is written
+            w4a8_accumulators(qx, t["w.qweight"], out=acc, variant=variant, **s2)
+            assert torch.equal(acc.long(), acc_ref), (m, variant)
+            y = torch.full((m, n), float("nan"), dtype=torch.float16, device=DEV)
+            w4a8_gemm(qx, s_x, t["w.qweight"], t["w.s1_scales"], out=y, variant=variant, **args)
+            assert torch.isfinite(y).all() and _rel(y, y_ref) < 1e-3, (m, variant)
+
+
+def test_gemm_rejects_bad_shapes():
+    t = _artifact(64, 256, 128, seed=0)
+    qx = torch.zeros(4, 224, dtype=torch.int8, device=DEV)
+    with pytest.raises(ValueError, match="does not match K"):
+        w4a8_accumulators(qx, t["w.qweight"], s2_scales=t["w.s2_scales"], s2_zeros=t["w.s2_zeros"])
+    with pytest.raises(ValueError, match="variant"):
+        w4a8_accumulators(qx, t["w.qweight"], variant="wgmma")
+
+
+def _codes_match(q: torch.Tensor, q_ref: torch.Tensor) -> None:
+    diff = (q.int() - q_ref.int()).abs()
+    assert int(diff.max()) <= 1 and (diff > 0).float().mean().item() <= 1e-3
+
+
+def _check_quant(result, reference) -> None:
+    (q, s, xs), (q_ref, s_ref, xs_ref) = result, reference
+    assert q.shape == q_ref.shape and s.shape == s_ref.shape
+    _codes_match(q, q_ref)
+    assert _rel(s, s_ref) < 1e-3 and _rel(xs, xs_ref) < 1e-3
+
+
+@pytest.mark.parametrize("k", [256, 4096, 28672])  # 28672: the row buffer needs > 48 KB of shared memory
+def test_quant_tokens(k):
+    x = (torch.randn(3, 5, k, device=DEV) * 3).half()
+    _check_quant(quant_kernels.quant_tokens(x, with_sum=True), reference_quant(x, with_sum=True))
+    q, s, xs = quant_kernels.quant_tokens(x)
+    assert xs is None and torch.equal(s, reference_quant(x)[1])
+
+
+def test_rmsnorm_quant():
+    x, w = (torch.randn(33, 1024, device=DEV) * 2).half(), (torch.rand(1024, device=DEV) + 0.5).half()
+    _check_quant(quant_kernels.rmsnorm_quant(x, w, 1e-5, True), reference_rmsnorm_quant(x, w, 1e-5, True))
+
+
+def test_silu_mul_quant_on_the_halves_of_a_gate_up_output():
+    gate_up = (torch.randn(2, 9, 2 * 768, device=DEV) * 3).half()
+    gate, up = gate_up[..., :768], gate_up[..., 768:]  # strided views
+    _check_quant(quant_kernels.silu_mul_quant(gate, up, True), reference_silu_mul_quant(gate, up, True))
+
+
+@pytest.mark.parametrize("group_size", [128, -1])
+def test_cuda_linear_matches_integer_linear(group_size):
+    t = _artifact(128, 512, group_size, seed=7)
+    lin, ref = CudaW4A8Linear.from_tensors(t, "w"), IntegerLinear.from_tensors(t, "w")
+    x = torch.randn(2, 19, 512, device=DEV).half()
+    y = lin(x)
+    assert y.shape == (2, 19, 128) and y.dtype == torch.float16
+    assert _rel(y, ref(x)) < 1e-3

@@ -1,0 +1,123 @@
+"""CPU checks of the kernel references against the qoq.quant math they must reproduce."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from qoq.models.llama import RMSNorm
+from qoq.quant.activations import quantize_tokens
+from qoq.quant.linear import export_linear
+from qoq.quant.weights import quantize_weight
+from qoq.runtime_cuda.linear import CudaW4A8Linear
+from qoq.runtime_cuda.reference import (
+    reference_accumulators,
+    reference_gemm,
+    reference_quant,
+    reference_rmsnorm_quant,
+    reference_silu_mul_quant,
+)
+
+N, K, M = 64, 256, 5
+
+
+def _artifact(group_size: int, seed: int = 0, bias: bool = True):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(N, K, generator=g)
+    qw = quantize_weight(w, group_size)
+    b = torch.randn(N, generator=g).half() if bias else None
+    return qw, export_linear("layer", qw, b), b
+
+
+def _args(tensors: dict) -> dict:
+    names = ("s2_scales", "s2_zeros", "s1_szeros", "bias")
+    return {k: tensors[f"layer.{k}"] for k in names if f"layer.{k}" in tensors}
+
+
+@pytest.mark.parametrize("group_size", [128, 64, -1])
+def test_reference_accumulators_are_exact(group_size):
+    qw, tensors, _ = _artifact(group_size)
+    qx = torch.randint(-127, 128, (M, K), dtype=torch.int8)
+    args = {k: v for k, v in _args(tensors).items() if k.startswith("s2")}
+    acc = reference_accumulators(qx, tensors["layer.qweight"], **args)
+    w_int = qw.q.long() if group_size == -1 else qw.w8().long()  # [N, K]
+    expected = (qx.long()[:, None, :] * w_int[None]).sum(-1)  # [M, N], int64 all the way
+    assert acc.dtype == torch.int64
+    assert torch.equal(acc, expected)
+
+
+@pytest.mark.parametrize("group_size", [128, 64, -1])
+def test_reference_gemm_matches_dequantized_matmul(group_size):
+    qw, tensors, bias = _artifact(group_size, seed=1)
+    x = torch.randn(M, K).half()
+    qx, s_x, xsum = reference_quant(x, with_sum=True)
+    y = reference_gemm(qx, s_x, tensors["layer.qweight"], tensors["layer.s1_scales"], xsum=xsum,
+                       out_dtype=torch.float32, **_args(tensors))
+    x_hat = qx.double() * s_x.double()  # [M, K]
+    if group_size == -1:  # §3.2: codes times s, minus z times the sum of the unquantized x
+        expected = x_hat @ (qw.q.double() * qw.s1.double()[:, None]).t() - xsum.double()[:, None] * qw.szero.double()
+    else:
+        expected = x_hat @ qw.dequantize(torch.float64).t()
+    expected = expected + bias.double()
+    rel = (y.double() - expected).norm() / expected.norm()
+    assert rel < 1e-5
+
+
+def test_reference_gemm_fp16_output_and_bad_input():
+    _, tensors, _ = _artifact(128, seed=2, bias=False)
+    qx, s_x, _ = reference_quant(torch.randn(M, K).half())
+    y = reference_gemm(qx, s_x, tensors["layer.qweight"], tensors["layer.s1_scales"], **_args(tensors))
+    assert y.dtype == torch.float16 and y.shape == (M, N)
+    with pytest.raises(ValueError, match="per group"):
+        reference_gemm(qx, s_x, tensors["layer.qweight"], tensors["layer.s1_scales"])
+
+
+def test_reference_quant_is_quantize_tokens_plus_sum():
+    x = (torch.randn(3, 7, K) * 4).half()
+    qx, s_x, xsum = reference_quant(x, with_sum=True)
+    q_expected, s_expected = quantize_tokens(x)
+    assert torch.equal(qx, q_expected) and torch.equal(s_x, s_expected)
+    assert s_x.shape == (3, 7, 1) and xsum.shape == (3, 7)
+    assert torch.allclose(xsum, x.float().sum(-1), rtol=1e-6, atol=1e-4)
+    assert reference_quant(x)[2] is None
+
+
+def test_reference_rmsnorm_quant_is_rmsnorm_then_quantize():
+    x = (torch.randn(4, K) * 3).half()
+    norm = RMSNorm(K, eps=1e-5)
+    with torch.no_grad():
+        norm.weight.copy_((torch.rand(K) + 0.5).half().float())  # fp16-exact, as stored
+    qx, s_x, xsum = reference_rmsnorm_quant(x, norm.weight.detach().half(), 1e-5, with_sum=True)
+    y = norm(x).detach()  # fp16, as the fp16 model computes it
+    q_expected, s_expected = quantize_tokens(y)
+    assert torch.equal(qx, q_expected) and torch.equal(s_x, s_expected)
+    assert torch.allclose(xsum, y.float().sum(-1), rtol=1e-6, atol=1e-3)
+
+
+def test_reference_silu_mul_quant_is_the_mlp_product_then_quantize():
+    gate, up = (torch.randn(2, 3, K) * 2).half(), (torch.randn(2, 3, K) * 2).half()
+    qx, s_x, xsum = reference_silu_mul_quant(gate, up, with_sum=True)
+    y = F.silu(gate) * up  # fp16 [2, 3, K]
+    q_expected, s_expected = quantize_tokens(y)
+    assert torch.equal(qx, q_expected) and torch.equal(s_x, s_expected)
+    assert torch.allclose(xsum, y.float().sum(-1), rtol=1e-6, atol=1e-3)
+
+
+@pytest.mark.parametrize("group_size", [128, -1])
+def test_cuda_linear_from_tensors_reads_the_artifact(group_size):
+    _, tensors, _ = _artifact(group_size, seed=3)
+    lin = CudaW4A8Linear.from_tensors(tensors, "layer")
+    assert (lin.in_features, lin.out_features, lin.group_size) == (K, N, group_size)
+    assert lin.per_channel == (group_size == -1)
+    assert torch.equal(lin.qweight, tensors["layer.qweight"])
+
+
+def test_cuda_linear_rejects_bad_tensors():
+    _, tensors, _ = _artifact(64, seed=4)
+    with pytest.raises(KeyError, match="qweight"):
+        CudaW4A8Linear.from_tensors({}, "layer")
+    bad = dict(tensors, **{"layer.s2_scales": tensors["layer.s2_scales"][:, :32]})
+    with pytest.raises(ValueError, match="s2_scales"):
+        CudaW4A8Linear.from_tensors(bad, "layer")
+    both = dict(tensors, **{"layer.s1_szeros": torch.zeros(N, dtype=torch.float16)})
+    with pytest.raises(ValueError, match="exactly one"):
+        CudaW4A8Linear.from_tensors(both, "layer")
