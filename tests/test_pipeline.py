@@ -1,5 +1,7 @@
 """The pipeline end to end on tiny random models: artifact written, executor == fake-quant model."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -7,7 +9,12 @@ from conftest import make_tiny_checkpoint
 from qoq.executor import load_artifact_model
 from qoq.export.artifact import read_artifact
 from qoq.passes.pipeline import quantize_model
-from qoq.recipe import load_recipe
+from qoq.recipe import Calibration, load_recipe
+
+
+def small(name: str):
+    """A shipped recipe with a calibration set small enough for a unit test."""
+    return dataclasses.replace(load_recipe(name), calibration=Calibration(samples=4, seq_len=128, seed=42))
 
 
 def _rel(a, b):
@@ -19,9 +26,10 @@ def tiny_dir(tmp_path_factory, tiny_tokenizer):
     return make_tiny_checkpoint(tmp_path_factory.mktemp("tiny"), tiny_tokenizer)
 
 
-@pytest.mark.parametrize("recipe", ["fp16", "w4a8kv4g128", "w4a8kv4g64", "w4a8kv4"])
-def test_executor_equals_fake_quant_model(tmp_path, tiny_dir, shared_data, recipe):
-    result = quantize_model(str(tiny_dir), load_recipe(recipe), tmp_path / "art", data_dir=shared_data,
+@pytest.mark.parametrize("recipe", ["fp16", "w4a8kv4g128-rtn", "w4a8kv4g64-rtn", "w4a8kv4-rtn",
+                                    "w4a8kv4g128", "w4a8kv4g64", "w4a8kv4"])
+def test_executor_equals_in_memory_model(tmp_path, tiny_dir, shared_data, recipe):
+    result = quantize_model(str(tiny_dir), small(recipe), tmp_path / "art", data_dir=shared_data,
                             keep_model=True, show_progress=False)
     executed, art = load_artifact_model(tmp_path / "art")
     ids = torch.randint(0, 300, (2, 48), generator=torch.Generator().manual_seed(1))
@@ -35,7 +43,7 @@ def test_executor_equals_fake_quant_model(tmp_path, tiny_dir, shared_data, recip
     else:
         q = "model.layers.1.self_attn.q_proj"
         assert art.tensors[f"{q}.qweight"].shape == (128, 64) and art.tensors[f"{q}.qweight"].dtype == torch.int8
-        per_group = recipe != "w4a8kv4"
+        per_group = not recipe.startswith("w4a8kv4-") and recipe != "w4a8kv4"
         assert (f"{q}.s2_scales" in names) == per_group and (f"{q}.s1_szeros" in names) != per_group
         assert art.config["quantization_config"]["group_size"] == load_recipe(recipe).format.group_size
         assert 1e-3 < result.summary["block_rel_err_max"] < 0.5  # quantization error: present, bounded
@@ -46,10 +54,20 @@ def test_quantized_model_is_close_to_float_on_real_text(tmp_path, tiny_dir, shar
     from qoq.models.loader import load_model
 
     float_lm, _ = load_model(tiny_dir)
-    quantize_model(str(tiny_dir), load_recipe("w4a8kv4g64"), tmp_path / "a", data_dir=shared_data,
+    quantize_model(str(tiny_dir), small("w4a8kv4g64-rtn"), tmp_path / "a", data_dir=shared_data,
                    show_progress=False)
     lm, _ = load_artifact_model(tmp_path / "a")
     ids = torch.randint(0, 300, (1, 64), generator=torch.Generator().manual_seed(2))
     with torch.inference_mode():
         err = _rel(lm(ids), float_lm(ids))
     assert 1e-3 < err < 0.3
+
+
+def test_same_seed_gives_byte_identical_artifacts(tmp_path, tiny_dir, shared_data):
+    for run in ("a", "b"):
+        quantize_model(str(tiny_dir), small("w4a8kv4g64"), tmp_path / run, data_dir=shared_data,
+                       show_progress=False)
+    files = sorted(p.name for p in (tmp_path / "a").iterdir())
+    assert files == sorted(p.name for p in (tmp_path / "b").iterdir()) and "qoq.json" in files
+    for name in files:
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name

@@ -6,11 +6,14 @@ from qoq.recipe import RecipeError, load_recipe, recipe_names
 
 
 def test_every_shipped_recipe_loads():
-    assert {"fp16", "w4a8kv4", "w4a8kv4g64", "w4a8kv4g128"} <= set(recipe_names())
+    names = set(recipe_names())
+    assert {"fp16", "w4a8kv4", "w4a8kv4g64", "w4a8kv4g128"} <= names
+    assert {"w4a8kv4-rtn", "w4a8kv4g64-rtn", "w4a8kv4g128-rtn"} <= names
     r = load_recipe("w4a8kv4g128")
     assert (r.format.weight_bits, r.format.group_size, r.format.act_bits, r.format.kv_bits) == (4, 128, 8, 4)
-    assert r.passes == ("rtn",)
-    assert load_recipe("w4a8kv4").format.group_size == -1
+    assert r.passes == ("rotation", "reorder", "smooth_attention", "smooth_down", "clip", "gptq")
+    assert load_recipe("w4a8kv4g128-rtn").passes == ("rtn",)
+    assert load_recipe("w4a8kv4").format.group_size == -1 and "reorder" not in load_recipe("w4a8kv4").passes
     assert load_recipe("fp16").passes == ()
 
 
@@ -22,6 +25,9 @@ def test_every_shipped_recipe_loads():
     ('passes = ["magic"]\n', "unknown pass 'magic'"),
     ('passes = []\n', "exactly one quantizing pass"),
     ('passes = ["rtn"]\n[calibration]\nsamples = 0\n', "'calibration.samples' must be positive"),
+    ('passes = ["clip", "rtn"]\n[pass_options.clip]\ngrid = "20"\n', "'pass_options.clip.grid' must be int"),
+    ('passes = ["rtn"]\n[pass_options.clip]\ngrid = 20\n', "'pass_options.clip' names a pass that is not in"),
+    ('passes = ["clip", "rtn"]\n[pass_options.clip]\ngird = 20\n', "unknown key 'pass_options.clip.gird'"),
     ('passes = [\n', "not valid TOML"),
 ])
 def test_bad_recipe_names_key_and_file(tmp_path, body, needle):
