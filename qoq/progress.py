@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from contextlib import contextmanager
 
 from rich.console import Console
@@ -40,7 +39,6 @@ class StepProgress:
             console=stderr, transient=True, disable=not enabled,
         )
         self._task = self._bar.add_task(title, total=total)
-        self._t0 = time.perf_counter()
         if enabled:
             stderr.print("  ".join(f"[dim]{c:>12}[/dim]" for c in columns))
 
@@ -50,9 +48,6 @@ class StepProgress:
                      f"{v:>12.2f}" if isinstance(v, float) else f"{v!s:>12}" for v in values]
             self._bar.console.print("  ".join(cells))
         self._bar.advance(self._task)
-
-    def elapsed(self) -> float:
-        return time.perf_counter() - self._t0
 
     @contextmanager
     def running(self):

@@ -43,21 +43,25 @@ def input_abs_max(block, inputs: torch.Tensor, position_ids: torch.Tensor, names
 
 def capture_inputs(block, inputs: torch.Tensor, position_ids: torch.Tensor, names,
                    max_tokens: int | None = None, seed: int = 0) -> dict[str, torch.Tensor]:
-    """The inputs each named linear sees: {name: [tokens, K]} fp32, at most `max_tokens` rows
-    (a seeded uniform subsample, the same rows for every linear)."""
+    """The inputs each named linear sees: {name: [tokens, K]} fp32, at most `max_tokens` rows (a seeded
+    uniform subsample, the same rows for every linear). Only the samples holding kept rows are run."""
     n, t = inputs.shape[:2]
     keep = torch.arange(n * t)
     if max_tokens is not None and n * t > max_tokens:
         keep = torch.randperm(n * t, generator=torch.Generator().manual_seed(seed))[:max_tokens].sort().values
-    rows_per_chunk = [keep[(keep >= i * t) & (keep < (i + CHUNK) * t)] - i * t for i in range(0, n, CHUNK)]
+    samples = torch.unique(keep // t)  # [S] samples that hold kept rows
+    rows = [keep[keep // t == s] % t for s in samples]  # kept positions inside each sample
     seen: dict[str, list[torch.Tensor]] = {name: [] for name in names}
+    calls = {name: 0 for name in names}
 
-    def record(name, x):  # x [B, T, K]; subsample per chunk so only kept rows are ever held
-        rows = rows_per_chunk[len(seen[name])]
-        seen[name].append(x.detach().float().reshape(-1, x.shape[-1])[rows])
+    def record(name, x):  # x [B, T, K]: one chunk of the selected samples; keep only the kept rows
+        first = calls[name]
+        calls[name] += x.shape[0]
+        for b in range(x.shape[0]):
+            seen[name].append(x[b, rows[first + b]].detach().float())
 
     with _hooks(block, names, record):
-        _run(block, inputs, position_ids)
+        _run(block, inputs[samples], position_ids)
     return {name: torch.cat(xs) for name, xs in seen.items()}
 
 

@@ -62,6 +62,21 @@ def _run_block(block, h: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return torch.cat([block(h[i : i + CHUNK], positions) for i in range(0, len(h), CHUNK)])
 
 
+# (before, after) keys passes use in their records for the error they target
+ERROR_PAIRS = (("mse_before", "mse_after"), ("rel_err_before", "rel_err_after"), ("rel_err_rtn", "rel_err"))
+
+
+def error_change(record: dict) -> str:
+    """'before→after' of the error a pass targets (mean over its linears), or '' when it records none."""
+    records = [record] + [v for v in record.values() if isinstance(v, dict)]
+    for before, after in ERROR_PAIRS:
+        pairs = [(r[before], r[after]) for r in records if before in r and after in r]
+        if pairs:
+            b, a = (sum(x) / len(pairs) for x in zip(*pairs))
+            return f"{b:.2e}→{a:.2e}"
+    return ""
+
+
 def _relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
@@ -102,8 +117,8 @@ def quantize_model(model: str, recipe: Recipe, output: Path, *, data_dir: Path |
 
     tensors = model_tensors(lm, cfg)
     records, errors = [], []
-    bar = StepProgress(f"quantize {recipe.name}", cfg.num_layers,
-                       ("layer", "passes", "out rel err", "seconds", "RSS GiB"), show_progress)
+    bar = StepProgress(f"quantize {recipe.name}", cfg.num_layers * (len(passes) + 1),
+                       ("layer", "step", "error", "seconds", "RSS GiB"), show_progress)
     with bar.running():
         for i in range(cfg.num_layers):
             t_block = time.perf_counter()
@@ -113,7 +128,9 @@ def quantize_model(model: str, recipe: Recipe, output: Path, *, data_dir: Path |
             for p in passes:
                 if not p.exact and reference is None:
                     reference = _run_block(block, h, positions)  # [n, T, H] float output, after exact passes
+                t_pass = time.perf_counter()
                 record[p.name] = p.apply(block, ctx)
+                bar.row(i, p.name, error_change(record[p.name]), time.perf_counter() - t_pass, rss_gib())
             if reference is None:
                 reference = _run_block(block, h, positions)
             records.append(record)
@@ -124,7 +141,7 @@ def quantize_model(model: str, recipe: Recipe, output: Path, *, data_dir: Path |
             errors.append(_relative_error(h, reference))
             if keep_model:
                 lm.model.layers[i] = block
-            bar.row(i, "+".join(recipe.passes) or "-", errors[-1], time.perf_counter() - t_block, rss_gib())
+            bar.row(i, "block out", f"{errors[-1]:.2e}", time.perf_counter() - t_block, rss_gib())
             del block, reference
 
     summary = {

@@ -1,0 +1,114 @@
+"""QoQ ablation on SmolLM2-135M: WikiText-2 perplexity as passes are added one at a time (group 64),
+next to FP16, RTN (g64 and per-channel) and full QoQ per-channel — every row on the same windows.
+
+    python bench/ablation.py --windows 20
+
+Writes bench/results/ablation.{json,md,png}. Each row quantizes with a recipe derived from the shipped
+one (same format and calibration, a prefix of its passes) and evaluates the artifact with the
+integer-exact executor, each in its own process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+from qoq.recipe import RECIPE_DIR
+
+# (row label, base recipe, passes or None for the recipe's own)
+ROWS = [
+    ("FP16", "fp16", None),
+    ("RTN g64", "w4a8kv4g64-rtn", None),
+    ("RTN per-channel", "w4a8kv4-rtn", None),
+    ("+ rotation", "w4a8kv4g64", ["rotation", "rtn"]),
+    ("+ SmoothAttention", "w4a8kv4g64", ["rotation", "smooth_attention", "rtn"]),
+    ("+ smoothing", "w4a8kv4g64", ["rotation", "smooth_attention", "smooth_down", "rtn"]),
+    ("+ reorder", "w4a8kv4g64", ["rotation", "reorder", "smooth_attention", "smooth_down", "rtn"]),
+    ("+ clipping", "w4a8kv4g64", ["rotation", "reorder", "smooth_attention", "smooth_down", "clip", "rtn"]),
+    ("+ GPTQ = QoQ g64", "w4a8kv4g64", None),
+    ("QoQ per-channel", "w4a8kv4", None),
+]
+
+
+def write_recipe(base: str, passes: list[str] | None, path: Path) -> Path:
+    raw = tomllib.loads((RECIPE_DIR / f"{base}.toml").read_text())
+    if passes is None:
+        return RECIPE_DIR / f"{base}.toml"
+    lines = [f"description = {json.dumps(raw['description'] + ' (ablation prefix)')}",
+             f"passes = {json.dumps(passes)}"]
+    for table in ("format", "calibration"):
+        lines += ["", f"[{table}]"] + [f"{k} = {json.dumps(v)}" for k, v in raw[table].items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def qoq(*args: str) -> dict:
+    cmd = [sys.executable, "-m", "qoq.cli", *args, "--json"]
+    print("$ qoq", " ".join(args), file=sys.stderr, flush=True)
+    return json.loads(subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout)
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    labels, ppl = [r["row"] for r in rows], [r["ppl"] for r in rows]
+    ax.barh(labels[::-1], ppl[::-1], color=["#888"] + ["#c44"] * 2 + ["#48c"] * (len(rows) - 3))
+    for y, v in enumerate(ppl[::-1]):
+        ax.text(v, y, f" {v:.2f}", va="center")
+    ax.set_xlabel(f"WikiText-2 perplexity ({rows[0]['windows']} windows of 2048 tokens), lower is better")
+    ax.set_title("SmolLM2-135M, W4A8KV4: QoQ passes added one at a time")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--windows", type=int, required=True)
+    ap.add_argument("--workdir", type=Path, default=Path("out/ablation"))
+    ap.add_argument("--results", type=Path, default=Path("bench/results"))
+    args = ap.parse_args()
+    args.workdir.mkdir(parents=True, exist_ok=True)
+
+    rows = []
+    for i, (label, base, passes) in enumerate(ROWS):
+        recipe = write_recipe(base, passes, args.workdir / f"row{i}.toml")
+        art = args.workdir / f"row{i}"
+        quant = qoq("quantize", "--model", args.model, "--recipe", str(recipe), "--output", str(art), "--overwrite")
+        ev = qoq("eval", "wikitext2", str(art), "--windows", str(args.windows))
+        rows.append({"row": label, "recipe": base, "passes": passes or tomllib.loads(
+            (RECIPE_DIR / f"{base}.toml").read_text())["passes"], "ppl": ev["ppl"], "windows": ev["windows"],
+            "tokens": ev["tokens"], "quantize_seconds": quant["seconds"], "peak_rss_gib": quant["peak_rss_gib"],
+            "block_rel_err_mean": quant["block_rel_err_mean"], "calibration": quant["calibration"]})
+        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+
+    ppl = {r["row"]: r["ppl"] for r in rows}
+    fp16, rtn64, qoq64 = ppl["FP16"], ppl["RTN g64"], ppl["+ GPTQ = QoQ g64"]
+    summary = {"model": args.model, "windows": args.windows, "fp16_ppl": fp16, "rtn_g64_ppl": rtn64,
+               "qoq_g64_ppl": qoq64, "rtn_pc_ppl": ppl["RTN per-channel"], "qoq_pc_ppl": ppl["QoQ per-channel"],
+               "gap_closed_g64": (rtn64 - qoq64) / (rtn64 - fp16),
+               "gap_closed_pc": (ppl["RTN per-channel"] - ppl["QoQ per-channel"]) / (ppl["RTN per-channel"] - fp16)}
+    command = f"python bench/ablation.py --windows {args.windows}"
+    args.results.mkdir(parents=True, exist_ok=True)
+    (args.results / "ablation.json").write_text(json.dumps({"summary": summary, "command": command, "rows": rows},
+                                                           indent=2) + "\n")
+    md = [f"# QoQ ablation — SmolLM2-135M, WikiText-2, first {args.windows} windows", "", f"`{command}`", "",
+          "| row | passes | ppl | block rel err | quantize s |", "|---|---|---|---|---|"]
+    md += [f"| {r['row']} | {', '.join(r['passes']) or '-'} | {r['ppl']:.3f} | {r['block_rel_err_mean']:.4f} | "
+           f"{r['quantize_seconds']:.0f} |" for r in rows]
+    md += ["", f"Gap closed (g64): {summary['gap_closed_g64']:.1%}; per-channel: {summary['gap_closed_pc']:.1%}."]
+    (args.results / "ablation.md").write_text("\n".join(md) + "\n")
+    plot(rows, args.results / "ablation.png")
+    print(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    main()
