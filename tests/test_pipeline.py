@@ -7,7 +7,6 @@ import torch
 
 from conftest import make_tiny_checkpoint
 from qoq.executor import load_artifact_model
-from qoq.export.artifact import read_artifact
 from qoq.passes.pipeline import quantize_model
 from qoq.recipe import Calibration, load_recipe
 

@@ -2,7 +2,7 @@ import pytest
 import torch
 from torch import nn
 
-from qoq.models import Block, CausalLM, ModelConfig, RMSNorm
+from qoq.models import CausalLM, ModelConfig, RMSNorm
 
 TINY = dict(
     vocab_size=128, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4, num_kv_heads=2,

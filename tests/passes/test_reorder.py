@@ -4,20 +4,14 @@ import pytest
 import torch
 
 from qoq.models.config import ModelConfig
-from qoq.models.llama import Block, CausalLM
+from qoq.models.llama import Block
 from qoq.passes.base import BlockContext
 from qoq.passes.capture import capture_inputs, input_abs_max
 from qoq.passes.reorder import Reorder
 from qoq.quant.weights import quantize_weight
 from qoq.recipe import parse_recipe
+from tiny_models import TINY, random_lm
 
-TINY = {
-    "llama-576-gqa-tied": {"model_type": "llama", "hidden_size": 576, "intermediate_size": 1536,
-                           "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64,
-                           "tie_word_embeddings": True},
-    "qwen2-bias": {"model_type": "qwen2", "hidden_size": 128, "intermediate_size": 256,
-                   "num_attention_heads": 4, "num_key_value_heads": 2, "tie_word_embeddings": False},
-}
 BLOCK_CFG = ModelConfig.from_hf({"model_type": "llama", "vocab_size": 64, "hidden_size": 128, "intermediate_size": 512,
                                  "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
                                  "rms_norm_eps": 1e-5, "max_position_embeddings": 64})
@@ -26,17 +20,6 @@ SPREAD = list(range(7, 512, 32))  # 16 channels: 4 in every g128 group, 2 in eve
 
 def recipe(group_size: int):
     return parse_recipe({"passes": ["reorder", "rtn"], "format": {"group_size": group_size}}, "test", "test")
-
-
-def random_lm(extra: dict) -> CausalLM:
-    torch.manual_seed(0)
-    hf = {"vocab_size": 256, "num_hidden_layers": 2, "rms_norm_eps": 1e-6, "max_position_embeddings": 128, **extra}
-    lm = CausalLM(ModelConfig.from_hf(hf)).eval()
-    with torch.no_grad():
-        for name, p in lm.named_parameters():
-            if name.endswith("norm.weight"):
-                p.normal_(1.0, 0.2)  # non-trivial gammas
-    return lm
 
 
 @pytest.mark.parametrize("arch", sorted(TINY))

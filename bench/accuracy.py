@@ -78,16 +78,25 @@ def main() -> None:
     args = ap.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
 
+    done_file = args.workdir / "rows.jsonl"
+    done = [json.loads(line) for line in done_file.read_text().splitlines()] if done_file.exists() else []
+    done = {r["row"]: r for r in done if r["windows"] == args.windows}
     rows = []
     for i, (label, base, passes) in enumerate(ROWS):
+        if label in done:
+            rows.append(done[label])
+            continue
         recipe = write_recipe(base, passes, args.workdir / f"row{i}.toml")
         art = args.workdir / f"row{i}"
         quant = qoq("quantize", "--model", args.model, "--recipe", str(recipe), "--output", str(art), "--overwrite")
         ev = qoq("eval", "wikitext2", str(art), "--windows", str(args.windows))
         rows.append({"row": label, "recipe": base, "passes": passes or tomllib.loads(
             (RECIPE_DIR / f"{base}.toml").read_text())["passes"], "ppl": ev["ppl"], "windows": ev["windows"],
-            "tokens": ev["tokens"], "quantize_seconds": quant["seconds"], "peak_rss_gib": quant["peak_rss_gib"],
-            "block_rel_err_mean": quant["block_rel_err_mean"], "calibration": quant["calibration"]})
+            "tokens": ev["tokens"], "eval_seconds": ev["seconds"], "quantize_seconds": quant["seconds"],
+            "peak_rss_gib": quant["peak_rss_gib"], "block_rel_err_mean": quant["block_rel_err_mean"],
+            "calibration": quant["calibration"]})
+        with done_file.open("a") as f:
+            f.write(json.dumps(rows[-1]) + "\n")
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
 
     ppl = {r["row"]: r["ppl"] for r in rows}
