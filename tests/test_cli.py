@@ -5,7 +5,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from conftest import make_tiny_checkpoint
+from checkpoints import make_tiny_checkpoint
 from qoq.cli import app
 
 runner = CliRunner()

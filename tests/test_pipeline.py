@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 import torch
 
-from conftest import make_tiny_checkpoint
+from checkpoints import make_tiny_checkpoint
 from qoq.executor import load_artifact_model
 from qoq.passes.pipeline import quantize_model
 from qoq.recipe import Calibration, load_recipe

@@ -4,7 +4,7 @@ Hessians are damped until they factor, codes export and run like RTN's; clip + g
 import pytest
 import torch
 
-from conftest import make_tiny_checkpoint
+from checkpoints import make_tiny_checkpoint
 from qoq.passes import clip as _clip_registers  # noqa: F401
 from qoq.passes import gptq as _gptq_registers  # noqa: F401
 from qoq.passes.gptq import GPTQ, GPTQOptions, gptq_quantize, hessian, output_rel_err

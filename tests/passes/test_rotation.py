@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from conftest import make_tiny_checkpoint
+from checkpoints import make_tiny_checkpoint
 from qoq.executor import load_artifact_model
 from qoq.models.config import ModelConfig
 from qoq.models.llama import CausalLM

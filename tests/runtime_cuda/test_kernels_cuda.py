@@ -36,12 +36,14 @@ def _gemm_args(t: dict) -> dict:
     return {k: t[f"w.{k}"] for k in names if f"w.{k}" in t}
 
 
-TILED = ["tiled64", "tiled128"]
-VARIANTS_BY_M = {m: (["gemv", *TILED] if m <= 64 else TILED) for m in (1, 5, 16, 17, 33, 64, 100)}
+TILED = ["tiled64", "tiled128", "tiled128w", "tiled64w"]
+VARIANTS_BY_M = {m: (["gemv", "gemv16", *TILED] if m <= 64 else TILED) for m in (1, 5, 16, 17, 33, 64, 100)}
 
 
-# N=96 leaves a partial 128-column tile; K=288 per channel leaves a 32-wide K tail.
-@pytest.mark.parametrize("group_size,n,k", [(128, 96, 384), (64, 160, 192), (-1, 96, 288)])
+# N=96 leaves a partial 128-column tile; K=288 per channel leaves a 32-wide K tail; K=2048 and
+# K=1056 (with a tail) make the small tiled grids split K.
+@pytest.mark.parametrize("group_size,n,k", [(128, 96, 384), (64, 160, 192), (-1, 96, 288), (128, 128, 2048),
+                                            (-1, 96, 1056)])
 def test_gemm_accumulators_exact_and_outputs_close(group_size, n, k):
     t = _artifact(n, k, group_size, seed=n + k)
     for m, variants in VARIANTS_BY_M.items():
@@ -62,11 +64,27 @@ def test_gemm_accumulators_exact_and_outputs_close(group_size, n, k):
 
 def test_gemm_rejects_bad_shapes():
     t = _artifact(64, 256, 128, seed=0)
-    qx = torch.zeros(4, 224, dtype=torch.int8, device=DEV)
+    s2 = {"s2_scales": t["w.s2_scales"], "s2_zeros": t["w.s2_zeros"]}
     with pytest.raises(ValueError, match="does not match K"):
-        w4a8_accumulators(qx, t["w.qweight"], s2_scales=t["w.s2_scales"], s2_zeros=t["w.s2_zeros"])
+        w4a8_accumulators(torch.zeros(4, 224, dtype=torch.int8, device=DEV), t["w.qweight"], **s2)
+    qx = torch.zeros(4, 256, dtype=torch.int8, device=DEV)
     with pytest.raises(ValueError, match="variant"):
-        w4a8_accumulators(qx, t["w.qweight"], variant="wgmma")
+        w4a8_accumulators(qx, t["w.qweight"], variant="wgmma", **s2)
+
+
+def test_bad_arguments_raise_before_reaching_the_extension():
+    t = _artifact(64, 256, 128, seed=0)
+    qx = torch.zeros(4, 256, dtype=torch.int8, device=DEV)
+    s2 = {"s2_scales": t["w.s2_scales"], "s2_zeros": t["w.s2_zeros"]}
+    s_x = torch.ones(5, dtype=torch.float16, device=DEV)  # one per token: 4
+    with pytest.raises(ValueError, match=r"s_x must be \[4\], got \[5\]"):
+        w4a8_gemm(qx, s_x, t["w.qweight"], t["w.s1_scales"], **s2)
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        w4a8_gemm(qx, s_x[1:], t["w.qweight"], t["w.s1_scales"], **s2)
+    with pytest.raises(ValueError, match="gemv variant handles M <= 64"):
+        w4a8_accumulators(torch.zeros(65, 256, dtype=torch.int8, device=DEV), t["w.qweight"], variant="gemv", **s2)
+    with pytest.raises(ValueError, match="multiple of 8"):
+        quant_kernels.quant_tokens(torch.zeros(2, 12, dtype=torch.float16, device=DEV))
 
 
 def _codes_match(q: torch.Tensor, q_ref: torch.Tensor) -> None:
@@ -85,7 +103,7 @@ def _check_quant(result, reference) -> None:
 def test_quant_tokens(k):
     x = (torch.randn(3, 5, k, device=DEV) * 3).half()
     _check_quant(quant_kernels.quant_tokens(x, with_sum=True), reference_quant(x, with_sum=True))
-    q, s, xs = quant_kernels.quant_tokens(x)
+    _, s, xs = quant_kernels.quant_tokens(x)
     assert xs is None and torch.equal(s, reference_quant(x)[1])
 
 

@@ -6,8 +6,9 @@ import torch.nn.functional as F
 
 from qoq.models.llama import RMSNorm
 from qoq.quant.activations import quantize_tokens
-from qoq.quant.linear import export_linear
+from qoq.quant.linear import IntegerLinear, export_linear
 from qoq.quant.weights import quantize_weight
+from qoq.runtime_cuda.gemm import w4a8_gemm
 from qoq.runtime_cuda.linear import CudaW4A8Linear
 from qoq.runtime_cuda.reference import (
     reference_accumulators,
@@ -69,6 +70,28 @@ def test_reference_gemm_fp16_output_and_bad_input():
     assert y.dtype == torch.float16 and y.shape == (M, N)
     with pytest.raises(ValueError, match="per group"):
         reference_gemm(qx, s_x, tensors["layer.qweight"], tensors["layer.s1_scales"])
+
+
+@pytest.mark.parametrize("group_size", [128, -1])
+def test_reference_gemm_is_integer_linear_bit_for_bit(group_size):
+    # The kernels' epilogue follows this order, which makes the `cuda` executor backend's logits
+    # equal the `reference` backend's (bench/executor_cuda_check.py).
+    _, tensors, _ = _artifact(group_size, seed=3)
+    x = (torch.randn(M, K) * 2).half()
+    qx, s_x, xsum = reference_quant(x, with_sum=True)
+    y = reference_gemm(qx, s_x, tensors["layer.qweight"], tensors["layer.s1_scales"], xsum=xsum, **_args(tensors))
+    expected = IntegerLinear.from_tensors(tensors, "layer")(x)
+    if group_size == -1:  # per channel both subtract z·Σx, summed in different orders
+        assert (y.float() - expected.float()).abs().max() <= 2e-3 * expected.float().abs().max()
+    else:
+        assert torch.equal(y, expected)
+
+
+def test_gemm_checks_operands_in_python_before_building_the_extension():
+    _, tensors, _ = _artifact(128, seed=4)
+    qx, s_x, _ = reference_quant(torch.randn(M, K).half())
+    with pytest.raises(ValueError, match="qx must be a CUDA"):
+        w4a8_gemm(qx, s_x, tensors["layer.qweight"], tensors["layer.s1_scales"], **_args(tensors))
 
 
 def test_reference_quant_is_quantize_tokens_plus_sum():
