@@ -3,11 +3,13 @@
     python bench/gemm_h200.py --out $OUT
 
 1. builds the extension (qoq/runtime_cuda/build.py) and times it;
-2. correctness: every M x (N, K) of four models, per group and per channel, every kernel variant:
-   int32 accumulators exact vs the integer reference, fp16 rel. error < 1e-3 (outputs poisoned first);
-   fused quantizers: codes within ±1 in <= 0.1% of elements, scales and sums rel. error < 1e-3;
-3. speed on Llama-2-7B shapes vs torch fp16 F.linear, INT8 torch._int_mm, FP8 torch._scaled_mm:
-   CUDA-graph replays over rotating input sets (> 3x L2, so weights come from HBM), median of 40.
+2. speed on Llama-2-7B shapes vs torch fp16 F.linear, INT8 torch._int_mm, FP8 torch._scaled_mm:
+   CUDA-graph replays over rotating input sets (> 3x L2, so weights come from HBM), median of 40;
+3. correctness (after the timings, so a timeout cuts checks rather than numbers): every M x (N, K)
+   of four models, per group and per channel, every kernel variant: int32 accumulators exact vs the
+   integer reference, fp16 rel. error < 1e-3 (outputs poisoned first); fused quantizers: codes
+   within ±1 in <= 0.1% of elements, scales and sums rel. error < 1e-3.
+bench/executor_cuda_check.py's executor_check.json, if already in --out, is copied in.
 Writes gemm_h200.json (summary on top) and gemm_h200.png under --out. `--resummarize JSON` recomputes
 the "auto" rows (after a change to qoq.runtime_cuda.gemm.auto_variant), the summary and the plot.
 """
@@ -29,7 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from qoq.quant.linear import export_linear  # noqa: E402
 from qoq.quant.weights import quantize_weight  # noqa: E402
 from qoq.runtime_cuda import quant_kernels, reference  # noqa: E402
-from qoq.runtime_cuda.gemm import VARIANTS, auto_variant, extension, w4a8_accumulators, w4a8_gemm  # noqa: E402
+from qoq.runtime_cuda.gemm import (  # noqa: E402
+    GEMV_MAX_M, VARIANTS, auto_variant, extension, w4a8_accumulators, w4a8_gemm,
+)
 
 MODELS = {  # (N, K) of qkv, o, gate_up, down; group size of the per-group recipe
     "llama2-7b": ([(12288, 4096), (4096, 4096), (22016, 4096), (4096, 11008)], 128),
@@ -49,7 +53,12 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def variants_for(m: int) -> list[str]:
-    return [v for v in VARIANTS if v != "gemv" or m <= 64]
+    return [v for v in VARIANTS if not v.startswith("gemv") or m <= GEMV_MAX_M]
+
+
+def bench_variants_for(m: int) -> list[str]:
+    """Timed variants: at M <= 16 the tiled kernels (>= 2x slower than gemv in every sweep) are skipped."""
+    return [v for v in VARIANTS if v.startswith("gemv")] if m <= 16 else variants_for(m)
 
 
 def check_gemm(model: str, n: int, k: int, group: int) -> list[dict]:
@@ -175,7 +184,7 @@ def baseline_calls(kind, m, n, k):
 def bench_shape(n, k, m, group) -> list[dict]:
     """Every kernel variant; the "auto" rows are derived afterwards (with_auto)."""
     rows = []
-    for variant in variants_for(m):
+    for variant in bench_variants_for(m):
         us = time_graph(w4a8_calls(m, n, k, group, variant))
         rows.append(dict(method=f"w4a8_{'pc' if group == -1 else 'g' + str(group)}", variant=variant, n=n, k=k, m=m,
                          us=us, tops=2.0 * m * n * k / us / 1e6, weight_tbps=n * k / 2 / us / 1e6))
@@ -283,19 +292,6 @@ def main() -> None:
     build_s = time.time() - t0
     print(f"build {build_s:.1f}s", flush=True)
 
-    gemm_rows, fused_rows = [], []
-    if not args.skip_check:
-        for model, (shapes, group) in MODELS.items():
-            for n, k in shapes:
-                for g in (group, -1):
-                    rows = check_gemm(model, n, k, g)
-                    gemm_rows += rows
-                    bad = [r for r in rows if not r["ok"]]
-                    print(f"check {model} N={n} K={k} g={g}: {len(rows) - len(bad)}/{len(rows)} ok"
-                          + (f"  FIRST BAD {bad[0]}" if bad else ""), flush=True)
-        fused_rows = check_fused()
-        bad = [r for r in fused_rows if not r["ok"]]
-        print(f"fused: {len(fused_rows) - len(bad)}/{len(fused_rows)} ok" + (f" FIRST BAD {bad[0]}" if bad else ""))
     torch.cuda.empty_cache()
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -304,6 +300,10 @@ def main() -> None:
     bench: list[dict] = []
     meta = dict(command="python bench/gemm_h200.py --out $OUT", torch=torch.__version__, build_s=round(build_s, 1),
                 ceilings=ceil, multiprocessors=sms)
+    executor_check = args.out / "executor_check.json"  # bench/executor_cuda_check.py, run before
+    if executor_check.exists():
+        meta["executor_check"] = json.loads(executor_check.read_text())
+    gemm_rows, fused_rows = [], []
     save(args.out, meta, bench, gemm_rows, fused_rows)  # partial results survive a timeout
     for n, k in MODELS["llama2-7b"][0]:
         for m in BENCH_M:
@@ -313,6 +313,21 @@ def main() -> None:
             line = " ".join(f"{r['method']}{':' + r['variant'] if 'variant' in r else ''}={r['us']:.1f}"
                             for r in rows if "us" in r)
             print(f"N={n} K={k} M={m}: {line} (µs)", flush=True)
+        save(args.out, meta, bench, gemm_rows, fused_rows)
+    torch.cuda.empty_cache()
+    if not args.skip_check:  # after the timings, so a timeout cuts checks, not numbers
+        for model, (shapes, group) in MODELS.items():
+            for n, k in shapes:
+                for g in (group, -1):
+                    rows = check_gemm(model, n, k, g)
+                    gemm_rows += rows
+                    bad = [r for r in rows if not r["ok"]]
+                    print(f"check {model} N={n} K={k} g={g}: {len(rows) - len(bad)}/{len(rows)} ok"
+                          + (f"  FIRST BAD {bad[0]}" if bad else ""), flush=True)
+            save(args.out, meta, bench, gemm_rows, fused_rows)
+        fused_rows = check_fused()
+        bad = [r for r in fused_rows if not r["ok"]]
+        print(f"fused: {len(fused_rows) - len(bad)}/{len(fused_rows)} ok" + (f" FIRST BAD {bad[0]}" if bad else ""))
         save(args.out, meta, bench, gemm_rows, fused_rows)
     try:
         plot(bench, args.out / "gemm_h200.png", torch.cuda.get_device_name())

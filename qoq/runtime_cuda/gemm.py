@@ -12,14 +12,26 @@ import torch
 
 from qoq.runtime_cuda.build import load_extension
 
-SOURCES = ("gemm_w4a8.cu", "quant_act.cu")
-# The kernels: split-K GEMV (M <= 64) and tiled MMA kernels with 64- or 128-row blocks.
-VARIANTS = {"gemv": 1, "tiled64": 2, "tiled128": 3}
+SOURCES = ("gemm_w4a8.cu", "quant_act.cu", "gemm_bindings.cpp")
+# The kernels: split-K GEMVs (M <= 64; 8 or 16 warps per 32 columns) and tiled MMA kernels with
+# 64- or 128-row blocks; the "w" tiled kernels use 4 warps with BM x 32 warp tiles, so each weight
+# fragment is dequantized once per block. Tiled grids below one wave split K (int32 partial sums
+# added atomically).
+VARIANTS = {"gemv": 1, "gemv16": 6, "tiled64": 2, "tiled128": 3, "tiled128w": 4, "tiled64w": 5}
+GEMV_MAX_M = 64
 
 
 def extension():
     """The compiled module (built on first use, then cached by source hash)."""
     return load_extension("qoq_w4a8", SOURCES)
+
+
+def checked(result):
+    """An extension call's result; the extension returns bad arguments' problem as text rather than
+    throwing (csrc/gemm_bindings.cpp)."""
+    if isinstance(result, str):
+        raise ValueError(result)
+    return result
 
 
 @lru_cache(maxsize=None)
@@ -29,40 +41,74 @@ def _multiprocessors(device: torch.device) -> int:
 
 def auto_variant(m: int, n: int, group: int, multiprocessors: int) -> str:
     """Kernel for an [M, K] x [K, N] product (chosen from bench/gemm_h200.py's variant sweep)."""
-    gemv_ok = group in (-1, 64, 128)  # the GEMV kernel is compiled for these group sizes
-    if gemv_ok and (m <= 32 or (m <= 64 and n <= 8192)):
+    gemv_ok = group in (-1, 64, 128)  # the GEMV kernels are compiled for these group sizes
+    if gemv_ok and m <= 16 and n // 32 <= multiprocessors:
+        return "gemv16"  # one wave of 32-column blocks: 16 warps each keep more loads in flight
+    if gemv_ok and (m <= 32 or (m <= GEMV_MAX_M and n <= 4096)):
         return "gemv"
-    # 128-row blocks dequantize each weight fragment for twice the rows, which pays once the grid
-    # fills the GPU; per channel, whose dequantization is cheap, only from about two waves on.
+    # Below ~2 waves of 128x128 tiles, 64-row blocks (split K when under one wave); beyond, 128-row
+    # blocks, dequantizing each weight fragment once per block where dequantization costs most.
     blocks128 = -(-m // 128) * -(-n // 128)
-    waves_needed = 1.9 if group == -1 else 0.7
-    return "tiled128" if blocks128 >= waves_needed * multiprocessors else "tiled64"
+    if blocks128 >= 1.9 * multiprocessors:
+        return "tiled128" if group == -1 else "tiled128w"
+    return "tiled64w"
 
 
-def _variant_id(variant: str, qx: torch.Tensor, n: int, s2_scales: torch.Tensor | None) -> int:
+def _variant_id(variant: str, qx: torch.Tensor, n: int, group: int) -> int:
+    m = qx.shape[0]
     if variant == "auto":
-        group = -1 if s2_scales is None else qx.shape[1] // max(s2_scales.shape[0], 1)
-        variant = auto_variant(qx.shape[0], n, group, _multiprocessors(qx.device))
+        variant = auto_variant(m, n, group, _multiprocessors(qx.device))
     if variant not in VARIANTS:
         raise ValueError(f"unknown GEMM variant {variant!r}; choose 'auto' or one of {sorted(VARIANTS)}")
+    if variant.startswith("gemv") and (m > GEMV_MAX_M or group not in (-1, 64, 128)):
+        raise ValueError(f"the {variant} variant handles M <= {GEMV_MAX_M} and groups of 64 or 128, "
+                         f"got M={m}, group={group}")
     return VARIANTS[variant]
 
 
-def _check_operands(qx: torch.Tensor, qweight: torch.Tensor) -> None:
+def _require(t: torch.Tensor, name: str, dtype: torch.dtype, shape: tuple) -> None:
+    """What the kernels read: a contiguous, 16-byte aligned CUDA tensor of this dtype and shape."""
+    if not t.is_cuda or t.dtype != dtype:
+        raise ValueError(f"{name} must be a CUDA {dtype} tensor, got {t.dtype} on {t.device}")
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name} must be {list(shape)}, got {list(t.shape)}")
+    if not t.is_contiguous() or t.data_ptr() % 16:
+        raise ValueError(f"{name} must be contiguous and 16-byte aligned")
+
+
+def _operands(qx: torch.Tensor, qweight: torch.Tensor, s2_scales, s2_zeros) -> tuple[torch.Tensor, int]:
+    """Checks qx, qweight and the per-group tables; returns qweight as int8 and the group size (-1: none).
+
+    These Python checks are the ones that raise: on the device, a problem the extension itself found
+    and returned as text still crashed the process (see csrc/gemm_bindings.cpp)."""
     if qx.dim() != 2 or qx.dtype != torch.int8 or qweight.dim() != 2 or qweight.element_size() != 1:
         raise ValueError(f"need qx int8 [M, K] and qweight int8 [N, K/2], got {qx.dtype} {tuple(qx.shape)} "
                          f"and {qweight.dtype} {tuple(qweight.shape)}")
-    if qweight.shape[1] * 2 != qx.shape[1]:
-        raise ValueError(f"qweight {tuple(qweight.shape)} does not match K={qx.shape[1]} of qx")
-    if qx.shape[1] % 32 or qweight.shape[0] % 32:
-        raise ValueError(f"N and K must be multiples of 32, got N={qweight.shape[0]}, K={qx.shape[1]}")
-
-
-def _check_scheme(s2_scales, s2_zeros, s1_szeros, xsum) -> None:
+    (m, k), n = qx.shape, qweight.shape[0]
+    if qweight.shape[1] * 2 != k:
+        raise ValueError(f"qweight {tuple(qweight.shape)} does not match K={k} of qx")
+    if k % 32 or n % 32:
+        raise ValueError(f"N and K must be multiples of 32, got N={n}, K={k}")
+    qweight = qweight.view(torch.int8)
+    _require(qx, "qx", torch.int8, (m, k))
+    _require(qweight, "qweight", torch.int8, (n, k // 2))
     if (s2_scales is None) != (s2_zeros is None):
         raise ValueError("per-group weights need both s2_scales and s2_zeros")
+    if s2_scales is None:
+        return qweight, -1
+    groups = s2_scales.shape[0] if s2_scales.dim() == 2 else 0
+    if groups == 0 or k % groups or (k // groups) % 64:
+        raise ValueError(f"s2_scales must be [K/g, {n}] with g a multiple of 64, got {list(s2_scales.shape)}")
+    _require(s2_scales, "s2_scales", torch.int8, (groups, n))
+    _require(s2_zeros, "s2_zeros", torch.int8, (groups, n))
+    return qweight, k // groups
+
+
+def _check_scheme(s2_scales, s1_szeros, xsum) -> None:
     if s2_scales is None and s1_szeros is None:
         raise ValueError("give s2_scales/s2_zeros (per group) or s1_szeros (per channel)")
+    if s2_scales is not None and s1_szeros is not None:
+        raise ValueError("give per-group (s2) or per-channel (s1_szeros) terms, not both")
     if s1_szeros is not None and xsum is None:
         raise ValueError("per-channel weights need xsum, the per-token sums of the unquantized input")
 
@@ -82,12 +128,19 @@ def w4a8_gemm(
     variant: str = "auto",
 ) -> torch.Tensor:
     """fp16 [M, N] = the GEMM of DESIGN §3.1 (per group) or §3.2 (per channel)."""
-    _check_operands(qx, qweight)
-    _check_scheme(s2_scales, s2_zeros, s1_szeros, xsum)
-    return extension().gemm(
-        qx, s_x.reshape(-1), qweight, s1_scales, s2_scales, s2_zeros, s1_szeros, xsum, bias, out,
-        _variant_id(variant, qx, qweight.shape[0], s2_scales),
-    )
+    qweight, group = _operands(qx, qweight, s2_scales, s2_zeros)
+    _check_scheme(s2_scales, s1_szeros, xsum)
+    (m, _), n = qx.shape, qweight.shape[0]
+    s_x = s_x.reshape(-1)
+    vectors = [(s_x, "s_x", torch.float16, (m,)), (s1_scales, "s1_scales", torch.float16, (n,)),
+               (s1_szeros, "s1_szeros", torch.float16, (n,)), (xsum, "xsum", torch.float32, (m,)),
+               (bias, "bias", torch.float16, (n,)), (out, "out", torch.float16, (m, n))]
+    for t, name, dtype, shape in vectors:
+        if t is not None:
+            _require(t, name, dtype, shape)
+    variant_id = _variant_id(variant, qx, n, group)
+    return checked(extension().gemm(qx, s_x, qweight, s1_scales, s2_scales, s2_zeros, s1_szeros, xsum, bias, out,
+                                    variant_id))
 
 
 def w4a8_accumulators(
@@ -100,8 +153,8 @@ def w4a8_accumulators(
     variant: str = "auto",
 ) -> torch.Tensor:
     """Debug entry: the kernel's raw int32 accumulators Σ_k qx·W8 (W8 = q per channel) [M, N]."""
-    _check_operands(qx, qweight)
-    if (s2_scales is None) != (s2_zeros is None):
-        raise ValueError("per-group weights need both s2_scales and s2_zeros")
-    variant_id = _variant_id(variant, qx, qweight.shape[0], s2_scales)
-    return extension().gemm_accumulators(qx, qweight, s2_scales, s2_zeros, out, variant_id)
+    qweight, group = _operands(qx, qweight, s2_scales, s2_zeros)
+    if out is not None:
+        _require(out, "out", torch.int32, (qx.shape[0], qweight.shape[0]))
+    variant_id = _variant_id(variant, qx, qweight.shape[0], group)
+    return checked(extension().gemm_accumulators(qx, qweight, s2_scales, s2_zeros, out, variant_id))

@@ -9,20 +9,26 @@ from __future__ import annotations
 
 import torch
 
-from qoq.runtime_cuda.gemm import extension
+from qoq.runtime_cuda.gemm import checked, extension
 
 
 def _rows(x: torch.Tensor, name: str) -> torch.Tensor:
-    """[..., K] -> [T, K] view (row strides allowed, last dim contiguous)."""
+    """[..., K] -> [T, K] view whose rows start 16-byte aligned (copied if they do not).
+
+    Checked here, not in the extension: on the device a problem the extension found crashed the
+    process instead of raising (csrc/gemm_bindings.cpp)."""
     if x.dtype != torch.float16 or not x.is_cuda:
         raise ValueError(f"{name} must be a CUDA fp16 tensor, got {x.dtype} on {x.device}")
-    if x.stride(-1) != 1:
-        x = x.contiguous()
-    return x.reshape(-1, x.shape[-1])
+    if x.shape[-1] % 8:
+        raise ValueError(f"{name}: K={x.shape[-1]} must be a multiple of 8")
+    rows = x.reshape(-1, x.shape[-1])  # [T, K], a view where the strides allow
+    if rows.stride(-1) != 1 or rows.stride(0) % 8 or rows.data_ptr() % 16:
+        rows = rows.clone(memory_format=torch.contiguous_format)  # fresh, aligned rows
+    return rows
 
 
 def _unflatten(result, lead: torch.Size, with_sum: bool):
-    qx, s_x, xsum = result
+    qx, s_x, xsum = checked(result)
     return (
         qx.reshape(*lead, qx.shape[-1]),
         s_x.reshape(*lead, 1),
@@ -39,7 +45,7 @@ def rmsnorm_quant(x: torch.Tensor, weight: torch.Tensor, eps: float, with_sum: b
     """§3.5 RMSNorm of x [..., K] (fp32 math, fp16 result), then §3.3."""
     if weight.shape != (x.shape[-1],):
         raise ValueError(f"RMSNorm weight must be [{x.shape[-1]}], got {tuple(weight.shape)}")
-    result = extension().rmsnorm_quant(_rows(x, "x"), weight.half().contiguous(), float(eps), with_sum)
+    result = extension().rmsnorm_quant(_rows(x, "x"), _rows(weight.half(), "weight")[0], float(eps), with_sum)
     return _unflatten(result, x.shape[:-1], with_sum)
 
 

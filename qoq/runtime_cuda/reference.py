@@ -50,8 +50,8 @@ def epilogue(
     bias: torch.Tensor | None = None,
     out_dtype: torch.dtype = torch.float16,
 ) -> torch.Tensor:
-    """fp32 s_x·s1·acc (§3.1), minus z·Σx per channel (§3.2), plus bias."""
-    y = s_x.reshape(-1, 1).float() * s1_scales.float() * acc.float()
+    """fp32 (acc·s_x)·s1 (§3.1), minus z·Σx per channel (§3.2), plus bias: IntegerLinear's order."""
+    y = acc.float() * s_x.reshape(-1, 1).float() * s1_scales.float()
     if s1_szeros is not None:
         if xsum is None:
             raise ValueError("per-channel weights need xsum, the per-token sums of the unquantized input")

@@ -9,22 +9,9 @@
 #include <cstdint>
 #include <cuda_fp16.h>
 
-namespace qoq_gemm {
+#include "gemm_w4a8_params.h"
 
-struct GemmParams {
-  const int8_t* qx;        // [M, K] per-token int8 activations, row-major
-  const half* s_x;         // [M] activation scales
-  const uint8_t* qweight;  // [N, K/2] packed codes, compute-order 32x32 tiles
-  const half* s1;          // [N] level-0 (or per-channel) scales
-  const int8_t* s2;        // [K/g, N] interleaved level-1 scales (per group)
-  const int8_t* s2_zeros;  // [K/g, N] interleaved -z (per group)
-  const half* szero;       // [N] scaled zeros (per channel)
-  const float* xsum;       // [M] per-token sums of the unquantized activation (per channel)
-  const half* bias;        // [N] or nullptr
-  half* out;               // [M, N]
-  int32_t* acc_out;        // [M, N] debug: raw int32 accumulators instead of `out`
-  int M, N, K, group;
-};
+namespace qoq_gemm {
 
 __device__ __forceinline__ void mma_s8_16832(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
@@ -72,11 +59,12 @@ __device__ __forceinline__ void dequant_tile(const uint4& packed, const GroupSca
   }
 }
 
-// Epilogue of one output element: §3.1 s_x*s1*acc, or §3.2 s_x*s*acc - z*Σx; plus bias.
+// Epilogue of one output element: §3.1 (acc*s_x)*s1, or §3.2 minus z*Σx; plus bias. Explicitly
+// rounded operations (never contracted into FMAs) in IntegerLinear's order: the same fp32 result.
 __device__ __forceinline__ float epilogue(const GemmParams& p, int row, int col, int acc) {
-  float y = __half2float(p.s_x[row]) * __half2float(p.s1[col]) * static_cast<float>(acc);
-  if (p.szero != nullptr) y -= p.xsum[row] * __half2float(p.szero[col]);
-  if (p.bias != nullptr) y += __half2float(p.bias[col]);
+  float y = __fmul_rn(__fmul_rn(static_cast<float>(acc), __half2float(p.s_x[row])), __half2float(p.s1[col]));
+  if (p.szero != nullptr) y = __fsub_rn(y, __fmul_rn(p.xsum[row], __half2float(p.szero[col])));
+  if (p.bias != nullptr) y = __fadd_rn(y, __half2float(p.bias[col]));
   return y;
 }
 

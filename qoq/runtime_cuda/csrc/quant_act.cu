@@ -15,8 +15,6 @@ constexpr int THREADS = 256;
 constexpr float ABS_MAX_FLOOR = 1e-6f;
 constexpr float SMALLEST_FP16_SCALE = 5.9604644775390625e-08f;  // 2^-24, as qoq.quant.activations
 
-enum class RowOp { Plain, RmsNorm, SiluMul };
-
 struct QuantParams {
   const half* x;      // [T, K] rows x_stride apart (gate for SiluMul)
   const half* up;     // [T, K] rows up_stride apart (SiluMul)
@@ -137,13 +135,6 @@ __global__ void __launch_bounds__(THREADS) quant_rows_kernel(const QuantParams p
   }
 }
 
-static void check_rows(const at::Tensor& t, const char* name) {
-  TORCH_CHECK(t.is_cuda() && t.scalar_type() == at::kHalf, name, " must be a CUDA fp16 tensor");
-  TORCH_CHECK(t.dim() == 2 && t.stride(1) == 1, name, " must be [T, K] with contiguous rows");
-  TORCH_CHECK(t.size(1) % 8 == 0 && t.stride(0) % 8 == 0, name, ": K and the row stride must be multiples of 8");
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, name, " must be 16-byte aligned");
-}
-
 template <RowOp OP>
 static std::vector<at::Tensor> launch(QuantParams p, const at::Tensor& x, bool with_sum) {
   const int64_t T = x.size(0), K = x.size(1);
@@ -166,37 +157,24 @@ static std::vector<at::Tensor> launch(QuantParams p, const at::Tensor& x, bool w
   return {qx, scale, xsum};
 }
 
-std::vector<at::Tensor> quant_tokens(const at::Tensor& x, bool with_sum) {
-  check_rows(x, "x");
+std::vector<at::Tensor> quant_rows(RowOp op, const at::Tensor& x, const at::Tensor& other, double eps,
+                                   bool with_sum) {
   QuantParams p{};
   p.x = reinterpret_cast<const half*>(x.data_ptr<at::Half>());
   p.x_stride = x.stride(0);
-  return launch<RowOp::Plain>(p, x, with_sum);
-}
-
-std::vector<at::Tensor> rmsnorm_quant(const at::Tensor& x, const at::Tensor& weight, double eps, bool with_sum) {
-  check_rows(x, "x");
-  TORCH_CHECK(weight.is_cuda() && weight.scalar_type() == at::kHalf && weight.is_contiguous(),
-              "weight must be a contiguous CUDA fp16 tensor");
-  TORCH_CHECK(weight.numel() == x.size(1), "weight has ", weight.numel(), " elements, x has K=", x.size(1));
-  QuantParams p{};
-  p.x = reinterpret_cast<const half*>(x.data_ptr<at::Half>());
-  p.x_stride = x.stride(0);
-  p.gamma = reinterpret_cast<const half*>(weight.data_ptr<at::Half>());
-  p.eps = static_cast<float>(eps);
-  return launch<RowOp::RmsNorm>(p, x, with_sum);
-}
-
-std::vector<at::Tensor> silu_mul_quant(const at::Tensor& gate, const at::Tensor& up, bool with_sum) {
-  check_rows(gate, "gate");
-  check_rows(up, "up");
-  TORCH_CHECK(gate.sizes() == up.sizes(), "gate and up must have one shape, got ", gate.sizes(), " and ", up.sizes());
-  QuantParams p{};
-  p.x = reinterpret_cast<const half*>(gate.data_ptr<at::Half>());
-  p.x_stride = gate.stride(0);
-  p.up = reinterpret_cast<const half*>(up.data_ptr<at::Half>());
-  p.up_stride = up.stride(0);
-  return launch<RowOp::SiluMul>(p, gate, with_sum);
+  switch (op) {
+    case RowOp::Plain:
+      return launch<RowOp::Plain>(p, x, with_sum);
+    case RowOp::RmsNorm:
+      p.gamma = reinterpret_cast<const half*>(other.data_ptr<at::Half>());
+      p.eps = static_cast<float>(eps);
+      return launch<RowOp::RmsNorm>(p, x, with_sum);
+    case RowOp::SiluMul:
+      p.up = reinterpret_cast<const half*>(other.data_ptr<at::Half>());
+      p.up_stride = other.stride(0);
+      return launch<RowOp::SiluMul>(p, x, with_sum);
+  }
+  return {};
 }
 
 }  // namespace qoq_quant

@@ -1,0 +1,166 @@
+// Python bindings of the W4A8 GEMM extension, and its own argument checks. A bad argument comes
+// back as the text of the problem (gemm.py's `checked` raises it) instead of a C++ exception.
+// On the device (torch 2.11 + CUDA 13, gVisor) both a TORCH_CHECK failure and this error return
+// still ended in a segfault, cause unknown; qoq.runtime_cuda.gemm / quant_kernels therefore check
+// every argument in Python first, and the messages here avoid iostreams (c10::str).
+#include <torch/extension.h>
+
+#include <string>
+
+#include "gemm_w4a8_params.h"
+#include "quant_act.cuh"
+
+namespace {
+
+using Problem = std::string;  // empty: none
+using Opt = c10::optional<at::Tensor>;
+
+std::string piece(const char* s) { return s; }
+std::string piece(int64_t v) { return std::to_string(v); }
+std::string piece(at::ScalarType t) { return c10::toString(t); }
+
+template <typename... Args>
+std::string text(const Args&... args) {
+  return (std::string() + ... + piece(args));
+}
+
+Problem check_tensor(const at::Tensor& t, const char* name, at::ScalarType dtype) {
+  if (!t.is_cuda()) return text(name, " must be a CUDA tensor");
+  if (t.scalar_type() != dtype) return text(name, " must be ", dtype, ", got ", t.scalar_type());
+  if (!t.is_contiguous()) return text(name, " must be contiguous");
+  if (reinterpret_cast<uintptr_t>(t.data_ptr()) % 16) return text(name, " must be 16-byte aligned");
+  return {};
+}
+
+Problem check_vector(const Opt& t, const char* name, at::ScalarType dtype, int64_t n) {
+  if (!t.has_value()) return text(name, " is required");
+  Problem problem = check_tensor(*t, name, dtype);
+  if (problem.empty() && t->numel() != n) problem = text(name, " must have ", n, " elements, got ", t->numel());
+  return problem;
+}
+
+const __half* half_ptr(const at::Tensor& t) { return reinterpret_cast<const __half*>(t.data_ptr<at::Half>()); }
+
+// Shapes, dtypes and the per-group / per-channel terms; fills everything of p but the output.
+Problem check_gemm(qoq_gemm::GemmParams& p, const at::Tensor& qx, const Opt& s_x, const at::Tensor& qweight,
+                   const Opt& s1, const Opt& s2, const Opt& s2_zeros, const Opt& szero, const Opt& xsum,
+                   const Opt& bias, int64_t variant, bool want_acc) {
+  for (const auto& [t, name] : {std::pair{&qx, "qx"}, std::pair{&qweight, "qweight"}}) {
+    if (Problem problem = check_tensor(*t, name, at::kChar); !problem.empty()) return problem;
+  }
+  if (qx.dim() != 2 || qweight.dim() != 2) return "qx must be [M, K] and qweight [N, K/2]";
+  const int64_t M = qx.size(0), K = qx.size(1), N = qweight.size(0);
+  if (qweight.size(1) * 2 != K) return text("qweight [N, K/2] does not match K=", K, " of qx");
+  if (N % 32 || K % 32) return text("N and K must be multiples of 32, got N=", N, " K=", K);
+  const bool grouped = s2.has_value();
+  if (grouped != s2_zeros.has_value()) return "s2_scales and s2_zeros come together (per-group weights)";
+  if (grouped && szero.has_value()) return "give per-group (s2) or per-channel (szero) terms, not both";
+  if (variant < qoq_gemm::GEMV || variant > qoq_gemm::GEMV16)
+    return text("unknown GEMM variant ", variant, " (1 gemv, 2 tiled64, 3 tiled128, 4 tiled128w, 5 tiled64w, 6 gemv16)");
+  const bool gemv = variant == qoq_gemm::GEMV || variant == qoq_gemm::GEMV16;
+  if (gemv && M > qoq_gemm::GEMV_MAX_M)
+    return text("the gemv variant handles M <= ", qoq_gemm::GEMV_MAX_M, ", got M=", M);
+
+  p.qx = qx.data_ptr<int8_t>();
+  p.qweight = reinterpret_cast<const uint8_t*>(qweight.data_ptr<int8_t>());
+  p.M = static_cast<int>(M), p.N = static_cast<int>(N), p.K = static_cast<int>(K), p.group = 0;
+  if (grouped) {
+    for (const auto& [t, name] : {std::pair{&*s2, "s2_scales"}, std::pair{&*s2_zeros, "s2_zeros"}}) {
+      if (Problem problem = check_tensor(*t, name, at::kChar); !problem.empty()) return problem;
+    }
+    if (s2->dim() != 2 || s2->size(1) != N || s2_zeros->sizes() != s2->sizes())
+      return "s2_scales and s2_zeros must both be [K/g, N]";
+    const int64_t groups = s2->size(0);
+    if (groups == 0 || K % groups || (K / groups) % qoq_gemm::GROUP_MULTIPLE)
+      return text("group size K/groups must be a multiple of 64, got K=", K, " with ", groups, " groups");
+    p.group = static_cast<int>(K / groups);
+    if (gemv && p.group != 64 && p.group != 128)
+      return text("the gemv variant handles groups of 64 or 128, got ", p.group);
+    p.s2 = s2->data_ptr<int8_t>();
+    p.s2_zeros = s2_zeros->data_ptr<int8_t>();
+  }
+  if (want_acc) return {};
+  for (const auto& [t, name, dtype, n] : {std::tuple{&s_x, "s_x", at::kHalf, M}, std::tuple{&s1, "s1_scales", at::kHalf, N}}) {
+    if (Problem problem = check_vector(*t, name, dtype, n); !problem.empty()) return problem;
+  }
+  p.s_x = half_ptr(*s_x);
+  p.s1 = half_ptr(*s1);
+  if (!grouped) {
+    if (Problem problem = check_vector(szero, "s1_szeros", at::kHalf, N); !problem.empty()) return problem;
+    if (Problem problem = check_vector(xsum, "xsum", at::kFloat, M); !problem.empty()) return problem;
+    p.szero = half_ptr(*szero);
+    p.xsum = xsum->data_ptr<float>();
+  }
+  if (bias.has_value()) {
+    if (Problem problem = check_vector(bias, "bias", at::kHalf, N); !problem.empty()) return problem;
+    p.bias = half_ptr(*bias);
+  }
+  return {};
+}
+
+// fp16 Y [M, N] (or the int32 accumulators when want_acc), or the problem's text.
+py::object run_gemm(const at::Tensor& qx, const Opt& s_x, const at::Tensor& qweight, const Opt& s1, const Opt& s2,
+                    const Opt& s2_zeros, const Opt& szero, const Opt& xsum, const Opt& bias, const Opt& out,
+                    int64_t variant, bool want_acc) {
+  qoq_gemm::GemmParams p{};
+  Problem problem = check_gemm(p, qx, s_x, qweight, s1, s2, s2_zeros, szero, xsum, bias, variant, want_acc);
+  if (!problem.empty()) return py::str(problem);
+  const auto out_dtype = want_acc ? at::kInt : at::kHalf;
+  at::Tensor result = out.has_value() ? *out : at::empty({p.M, p.N}, qx.options().dtype(out_dtype));
+  problem = check_tensor(result, "out", out_dtype);
+  if (problem.empty() && (result.dim() != 2 || result.size(0) != p.M || result.size(1) != p.N))
+    problem = "out must be [M, N]";
+  if (!problem.empty()) return py::str(problem);
+  if (want_acc) p.acc_out = result.data_ptr<int32_t>();
+  else p.out = reinterpret_cast<__half*>(result.data_ptr<at::Half>());
+  if (p.M > 0) qoq_gemm::launch_gemm(p, static_cast<qoq_gemm::Variant>(variant), qx);
+  return py::cast(result);
+}
+
+Problem check_rows(const at::Tensor& t, const char* name) {
+  if (!t.is_cuda() || t.scalar_type() != at::kHalf) return text(name, " must be a CUDA fp16 tensor");
+  if (t.dim() != 2 || t.stride(1) != 1) return text(name, " must be [T, K] with contiguous rows");
+  if (t.size(1) % 8 || t.stride(0) % 8) return text(name, ": K and the row stride must be multiples of 8");
+  if (reinterpret_cast<uintptr_t>(t.data_ptr()) % 16) return text(name, " must be 16-byte aligned");
+  return {};
+}
+
+// {qx, s_x, xsum} of quant_rows, or the problem's text.
+py::object run_quant(qoq_quant::RowOp op, const at::Tensor& x, const at::Tensor& other, double eps, bool with_sum) {
+  Problem problem = check_rows(x, op == qoq_quant::RowOp::SiluMul ? "gate" : "x");
+  if (problem.empty() && op == qoq_quant::RowOp::SiluMul) {
+    problem = check_rows(other, "up");
+    if (problem.empty() && other.sizes() != x.sizes()) problem = "gate and up must have one shape";
+  }
+  if (problem.empty() && op == qoq_quant::RowOp::RmsNorm) {
+    problem = check_tensor(other, "weight", at::kHalf);
+    if (problem.empty() && other.numel() != x.size(1))
+      problem = text("weight has ", other.numel(), " elements, x has K=", x.size(1));
+  }
+  if (!problem.empty()) return py::str(problem);
+  return py::cast(qoq_quant::quant_rows(op, x, other, eps, with_sum));
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("gemm", [](const at::Tensor& qx, const at::Tensor& s_x, const at::Tensor& qweight, const at::Tensor& s1,
+                   const Opt& s2, const Opt& s2_zeros, const Opt& szero, const Opt& xsum, const Opt& bias,
+                   const Opt& out, int64_t variant) {
+    return run_gemm(qx, s_x, qweight, s1, s2, s2_zeros, szero, xsum, bias, out, variant, false);
+  }, "W4A8 GEMM -> fp16 [M, N], or the text of a problem with the arguments");
+  m.def("gemm_accumulators", [](const at::Tensor& qx, const at::Tensor& qweight, const Opt& s2, const Opt& s2_zeros,
+                                const Opt& out, int64_t variant) {
+    return run_gemm(qx, c10::nullopt, qweight, c10::nullopt, s2, s2_zeros, c10::nullopt, c10::nullopt,
+                    c10::nullopt, out, variant, true);
+  }, "W4A8 GEMM int32 accumulators [M, N] (debug), or the text of a problem");
+  m.def("quant_tokens", [](const at::Tensor& x, bool with_sum) {
+    return run_quant(qoq_quant::RowOp::Plain, x, at::Tensor(), 0.0, with_sum);
+  });
+  m.def("rmsnorm_quant", [](const at::Tensor& x, const at::Tensor& weight, double eps, bool with_sum) {
+    return run_quant(qoq_quant::RowOp::RmsNorm, x, weight, eps, with_sum);
+  });
+  m.def("silu_mul_quant", [](const at::Tensor& gate, const at::Tensor& up, bool with_sum) {
+    return run_quant(qoq_quant::RowOp::SiluMul, gate, up, 0.0, with_sum);
+  });
+}

@@ -1,0 +1,125 @@
+// The split-K "GEMV" W4A8 kernel for small M: memory bound, each warp streams its runs of INT4
+// weight tiles from HBM with a register ping-pong (the next run's loads in flight while this one
+// computes). A cp.async ring in shared memory measured slower on the H200 (same bytes in flight).
+#pragma once
+
+#include "gemm_w4a8.cuh"
+
+namespace qoq_gemm {
+
+// ---------------------------------------------------------------- GEMV: M <= 16*MT, split K
+// One block per 32 output columns; its WARPS warps (8 or 16) take interleaved runs of K.
+constexpr int GEMV_RUN = 8;  // consecutive k-tiles (4 KB of weights) a warp loads in one go
+
+template <int MT, int WARPS>
+constexpr int gemv_smem_bytes() {
+  return WARPS * MT * 16 * 32 * 4;
+}
+
+__device__ __forceinline__ uint32_t load_act_word(const GemmParams& p, int row, int k) {
+  return row < p.M ? __ldg(reinterpret_cast<const uint32_t*>(p.qx + static_cast<size_t>(row) * p.K + k)) : 0u;
+}
+
+// One warp's run of GEMV_RUN consecutive k-tiles: the packed weights and the scale words of
+// the groups it spans (GROUP = 0: per channel, no scales).
+template <int GROUP>
+struct GemvRun {
+  static constexpr int GROUPS = GROUP > 0 ? GEMV_RUN * 32 / GROUP : 1;
+  uint4 packed[GEMV_RUN];
+  uint32_t s2[GROUPS], zero[GROUPS];
+};
+
+template <int GROUP>
+__device__ __forceinline__ void gemv_load_run(const GemmParams& p, GemvRun<GROUP>& run, const uint8_t* tiles,
+                                              size_t scale_col, int first, int k_tiles) {
+#pragma unroll
+  for (int i = 0; i < GEMV_RUN; ++i) {
+    const int k0 = first + i;
+    run.packed[i] = k0 < k_tiles ? load_stream16(tiles + static_cast<size_t>(k0) * 512) : make_uint4(0, 0, 0, 0);
+  }
+  if constexpr (GROUP > 0) {
+#pragma unroll
+    for (int gi = 0; gi < GemvRun<GROUP>::GROUPS; ++gi) {
+      const int k = (first + gi * GROUP / 32) * 32;
+      const size_t at = static_cast<size_t>(k / GROUP) * p.N + scale_col;
+      run.s2[gi] = k < p.K ? __ldg(reinterpret_cast<const uint32_t*>(p.s2 + at)) : 0u;
+      run.zero[gi] = k < p.K ? __ldg(reinterpret_cast<const uint32_t*>(p.s2_zeros + at)) : 0u;
+    }
+  }
+}
+
+template <int MT, int GROUP>
+__device__ __forceinline__ void gemv_compute_run(const GemmParams& p, const GemvRun<GROUP>& run, int first,
+                                                 int k_tiles, int (&acc)[MT][4][4]) {
+  constexpr bool GROUPED = GROUP > 0;
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  GroupScales gs{};
+#pragma unroll
+  for (int i = 0; i < GEMV_RUN; ++i) {
+    const int k0 = first + i;
+    if (k0 >= k_tiles) break;
+    if constexpr (GROUPED) {  // unpack each group's scales once, when its first tile comes
+      if (i % (GROUP / 32) == 0) gs = unpack_group_scales(run.s2[i * 32 / GROUP], run.zero[i * 32 / GROUP]);
+    }
+    uint32_t b[4][2];
+    dequant_tile<GROUPED>(run.packed[i], gs, b);
+    const int k = k0 * 32 + 4 * t;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      const int row = mt * 16 + g;
+      const uint32_t a[4] = {load_act_word(p, row, k), load_act_word(p, row + 8, k),
+                             load_act_word(p, row, k + 16), load_act_word(p, row + 8, k + 16)};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) mma_s8_16832(acc[mt][j], a, b[j][0], b[j][1]);
+    }
+  }
+}
+
+template <int MT, int GROUP, int WARPS>
+__global__ void __launch_bounds__(WARPS * 32, MT == 1 ? 16 / WARPS : 1) gemm_gemv_kernel(const GemmParams p) {
+  extern __shared__ int partial[];  // [WARPS][MT*16 accumulator slots][32 lanes]
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int n0 = blockIdx.x, k_tiles = p.K / 32;
+  const uint8_t* tiles = p.qweight + static_cast<size_t>(n0) * k_tiles * 512 + lane * 16;
+  const size_t scale_col = static_cast<size_t>(n0) * 32 + 4 * (lane >> 2);
+  constexpr int STRIDE = WARPS * GEMV_RUN;
+
+  // Ping-pong between two runs: the next run's loads are in flight while this one computes.
+  int acc[MT][4][4] = {};
+  GemvRun<GROUP> ping, pong;
+  int first = warp * GEMV_RUN;
+  gemv_load_run<GROUP>(p, ping, tiles, scale_col, first, k_tiles);
+  for (; first < k_tiles; first += 2 * STRIDE) {
+    gemv_load_run<GROUP>(p, pong, tiles, scale_col, first + STRIDE, k_tiles);
+    gemv_compute_run<MT, GROUP>(p, ping, first, k_tiles, acc);
+    gemv_load_run<GROUP>(p, ping, tiles, scale_col, first + 2 * STRIDE, k_tiles);
+    gemv_compute_run<MT, GROUP>(p, pong, first + STRIDE, k_tiles, acc);
+  }
+
+  // Integer partial sums are exact in any order: reduce the warps' K slices through shared memory.
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) partial[((warp * MT + mt) * 16 + j * 4 + r) * 32 + lane] = acc[mt][j][r];
+  __syncthreads();
+  constexpr int SLOTS = MT * 16 * 32;
+  for (int i = threadIdx.x; i < SLOTS / 2; i += WARPS * 32) {
+    // pair (r, r+1) of one lane: neighbouring columns of one row
+    const int slot_lane = i & 31, pair = i >> 5;  // pair = (mt*4 + j)*2 + h
+    const int mt = pair >> 3, j = (pair >> 1) & 3, h = pair & 1;
+    int sum0 = 0, sum1 = 0;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) {
+      const int base = ((w * MT + mt) * 16 + j * 4 + 2 * h) * 32 + slot_lane;
+      sum0 += partial[base];
+      sum1 += partial[base + 32];
+    }
+    const int row = mt * 16 + (slot_lane >> 2) + 8 * h;
+    const int col = n0 * 32 + j * 8 + 2 * (slot_lane & 3);
+    if (row < p.M) store_pair(p, row, col, sum0, sum1);
+  }
+}
+
+}  // namespace qoq_gemm

@@ -1,0 +1,37 @@
+// What the host passes to the W4A8 GEMM kernels; shared by gemm_bindings.cpp (host compiler, where
+// every argument is checked) and gemm_w4a8.cu (nvcc, which only launches).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+
+struct __half;  // cuda_fp16.h's fp16 type
+
+namespace qoq_gemm {
+
+enum Variant { GEMV = 1, TILED64 = 2, TILED128 = 3, TILED128_WIDE = 4, TILED64_WIDE = 5, GEMV16 = 6 };
+constexpr int GEMV_MAX_M = 64;
+constexpr int GROUP_MULTIPLE = 64;  // the tiled kernels read one s2/-z row per 64 k
+
+struct GemmParams {
+  const int8_t* qx;          // [M, K] per-token int8 activations, row-major
+  const __half* s_x;         // [M] activation scales
+  const uint8_t* qweight;    // [N, K/2] packed codes, compute-order 32x32 tiles
+  const __half* s1;          // [N] level-0 (or per-channel) scales
+  const int8_t* s2;          // [K/g, N] interleaved level-1 scales (per group)
+  const int8_t* s2_zeros;    // [K/g, N] interleaved -z (per group)
+  const __half* szero;       // [N] scaled zeros (per channel)
+  const float* xsum;         // [M] per-token sums of the unquantized activation (per channel)
+  const __half* bias;        // [N] or nullptr
+  __half* out;               // [M, N]
+  int32_t* acc_out;          // [M, N] debug: raw int32 accumulators instead of `out`
+  int32_t* split_acc;        // [M, N] zeroed sums of the K splits (tiled split-K), or nullptr
+  int M, N, K, group;        // group 0: per channel
+  int split_steps;           // tiled: k-steps per K split (blockIdx.z)
+};
+
+// Launch `variant` on the current stream of `like`'s device; the arguments are already checked.
+void launch_gemm(GemmParams p, Variant variant, const at::Tensor& like);
+
+}  // namespace qoq_gemm
