@@ -111,3 +111,18 @@ def test_recipes_list_and_show():
     shown = qoq("recipes", "show", "w4a8kv4g64", "--json")
     assert json.loads(shown.stdout)["format"]["group_size"] == 64
     assert_one_line_error(qoq("recipes", "show", "nope"), "unknown recipe 'nope'")
+
+
+def test_eval_wikitext2_on_artifact_and_on_float_model(artifact, tiny_dir, shared_data):
+    results = {}
+    for target in (artifact, tiny_dir):
+        result = qoq("eval", "wikitext2", target, "--windows", "1", "--data-dir", shared_data, "--json")
+        assert result.exit_code == 0, result.output
+        results[target] = json.loads(result.stdout)
+    quantized, float_model = results[artifact], results[tiny_dir]
+    assert quantized["artifact"] and quantized["recipe"] == "w4a8kv4g64"
+    assert not float_model["artifact"] and float_model["backend"] == "float32"
+    for r in (quantized, float_model):
+        assert r["windows"] == 1 and r["tokens"] == 2048 and r["total_windows"] > 100
+    # a random tiny model is near-uniform over its ~400-token vocabulary; W4A8KV4 moves it a little
+    assert 100 < float_model["ppl"] < 1000 and abs(quantized["ppl"] / float_model["ppl"] - 1) < 0.2
