@@ -151,7 +151,9 @@ def quantize_model(model: str, recipe: Recipe, output: Path, *, data_dir: Path |
     }
     manifest = {
         "recipe": recipe.to_dict(),
-        "passes": {"model": model_records, "blocks": records},
+        "passes": {"declared": {p.name: {"needs_calibration": p.needs_calibration, "exact": p.exact,
+                                         "quantizes": p.quantizes} for p in passes},
+                   "model": model_records, "blocks": records},
         "calibration": summary["calibration"],
         "source": {"model": model, "path": str(path), "sha256": _files_sha256(path)},
         "block_rel_err": errors,
