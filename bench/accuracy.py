@@ -60,7 +60,9 @@ def plot(rows: list[dict], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(9, 4.5))
     labels, ppl = [r["row"] for r in rows], [r["ppl"] for r in rows]
-    ax.barh(labels[::-1], ppl[::-1], color=["#888"] + ["#c44"] * 2 + ["#48c"] * (len(rows) - 3))
+    colors = ["#888"] + ["#c44"] * 2 + ["#48c"] * (len(rows) - 3)  # FP16, RTN baselines, QoQ rows
+    ax.barh(labels[::-1], ppl[::-1], color=colors[::-1])
+    ax.set_xscale("log")
     for y, v in enumerate(ppl[::-1]):
         ax.text(v, y, f" {v:.2f}", va="center")
     ax.set_xlabel(f"WikiText-2 perplexity ({rows[0]['windows']} windows of 2048 tokens), lower is better")
@@ -105,15 +107,20 @@ def main() -> None:
                "qoq_g64_ppl": qoq64, "rtn_pc_ppl": ppl["RTN per-channel"], "qoq_pc_ppl": ppl["QoQ per-channel"],
                "gap_closed_g64": (rtn64 - qoq64) / (rtn64 - fp16),
                "gap_closed_pc": (ppl["RTN per-channel"] - ppl["QoQ per-channel"]) / (ppl["RTN per-channel"] - fp16)}
-    command = f"python bench/ablation.py --windows {args.windows}"
+    command = f"QOQ_DATA_DIR=../shared/data python bench/accuracy.py --windows {args.windows}"
     args.results.mkdir(parents=True, exist_ok=True)
+    accuracy = {"model": args.model, "windows": args.windows, "fp16_ppl": fp16, "rtn_w4a8kv4g64_ppl": rtn64,
+                "rtn_w4a8kv4_ppl": ppl["RTN per-channel"]}
+    (args.results / "accuracy.json").write_text(json.dumps(
+        {"summary": accuracy, "command": command, "rows": rows[:3]}, indent=2) + "\n")
     (args.results / "ablation.json").write_text(json.dumps({"summary": summary, "command": command, "rows": rows},
                                                            indent=2) + "\n")
     md = [f"# QoQ ablation — SmolLM2-135M, WikiText-2, first {args.windows} windows", "", f"`{command}`", "",
           "| row | passes | ppl | block rel err | quantize s |", "|---|---|---|---|---|"]
     md += [f"| {r['row']} | {', '.join(r['passes']) or '-'} | {r['ppl']:.3f} | {r['block_rel_err_mean']:.4f} | "
            f"{r['quantize_seconds']:.0f} |" for r in rows]
-    md += ["", f"Gap closed (g64): {summary['gap_closed_g64']:.1%}; per-channel: {summary['gap_closed_pc']:.1%}."]
+    md += ["", f"Gap closed (g64): {summary['gap_closed_g64']:.1%}; per-channel: {summary['gap_closed_pc']:.1%}.",
+           "", f"Calibration of the QoQ rows: {rows[-1]['calibration']}."]
     (args.results / "ablation.md").write_text("\n".join(md) + "\n")
     plot(rows, args.results / "ablation.png")
     print(json.dumps(summary, indent=2))
