@@ -116,6 +116,8 @@ def quantize_model(model: str, recipe: Recipe, output: Path, *, data_dir: Path |
         h = torch.cat([lm.embed(tokens[i : i + CHUNK]) for i in range(0, len(tokens), CHUNK)])
 
     tensors = model_tensors(lm, cfg)
+    if not keep_model:
+        lm = None  # embeddings and lm_head are exported: free their float copies before the blocks
     records, errors = [], []
     bar = StepProgress(f"quantize {recipe.name}", cfg.num_layers * (len(passes) + 1),
                        ("layer", "step", "error", "seconds", "RSS GiB"), show_progress)
