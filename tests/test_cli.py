@@ -126,3 +126,8 @@ def test_eval_wikitext2_on_artifact_and_on_float_model(artifact, tiny_dir, share
         assert r["windows"] == 1 and r["tokens"] == 2048 and r["total_windows"] > 100
     # a random tiny model is near-uniform over its ~400-token vocabulary; W4A8KV4 moves it a little
     assert 100 < float_model["ppl"] < 1000 and abs(quantized["ppl"] / float_model["ppl"] - 1) < 0.2
+
+
+def test_eval_refuses_more_windows_than_the_split_has(artifact, shared_data):
+    result = qoq("eval", "wikitext2", artifact, "--windows", 10**6, "--data-dir", shared_data)
+    assert_one_line_error(result, "windows must be in [1, ", "got 1000000")

@@ -51,11 +51,6 @@ def window_plan(total_tokens: int, seq_len: int = 2048, windows: int | None = No
     }
 
 
-def count_windows(tokenizer, data_dir=None, seq_len: int = 2048) -> int:
-    """Full windows of the test text, without running a model (tokens: `wikitext2_token_ids`)."""
-    return window_plan(wikitext2_token_ids(tokenizer, data_dir).numel(), seq_len)["total_windows"]
-
-
 def window_nll(model: Callable, window: torch.Tensor) -> float:
     """Mean cross-entropy (fp32) of one [1, T] window over its T - 1 shifted targets."""
     logits = model(window)  # [1, T, V]
@@ -69,10 +64,12 @@ def wikitext2_perplexity(
     windows: int | None = None,
     seq_len: int = 2048,
     progress: Callable[[int, int, float], None] | None = None,
+    ids: torch.Tensor | None = None,
 ) -> dict:
-    """Perplexity of `model` (input_ids [1, T] -> logits [1, T, V]); `progress(i, n, running_ppl)`."""
+    """Perplexity of `model` (input_ids [1, T] -> logits [1, T, V]); `progress(i, n, running_ppl)`.
+    `ids`: the `wikitext2_token_ids` of this tokenizer when the caller already has them."""
     start = time.perf_counter()
-    ids = wikitext2_token_ids(tokenizer, data_dir)  # [N]
+    ids = wikitext2_token_ids(tokenizer, data_dir) if ids is None else ids  # [N]
     plan = window_plan(ids.numel(), seq_len, windows)
     device = model_device(model)
     nlls = []

@@ -35,13 +35,13 @@ def evaluate_task(task: str, model: str, *, windows: int | None = None, backend:
         return lm(ids.to(device)).float().cpu()
 
     if task == "wikitext2":
-        from qoq.eval.perplexity import count_windows, wikitext2_perplexity
+        from qoq.eval.perplexity import wikitext2_perplexity, wikitext2_token_ids, window_plan
 
-        total = count_windows(tokenizer, data_dir=data_dir)
-        n = min(windows or total, total)
-        bar = StepProgress("wikitext2", n, ("window", "ppl so far"), enabled=show_progress)
+        ids = wikitext2_token_ids(tokenizer, data_dir)  # tokenized once: sizes the bar, feeds the eval
+        plan = window_plan(ids.numel(), windows=windows)  # a clear error for an impossible --windows
+        bar = StepProgress("wikitext2", plan["windows"], ("window", "ppl so far"), enabled=show_progress)
         with bar.running():
-            result = wikitext2_perplexity(forward, tokenizer, data_dir=data_dir, windows=n,
+            result = wikitext2_perplexity(forward, tokenizer, data_dir=data_dir, windows=windows, ids=ids,
                                           progress=lambda i, _n, ppl: bar.row(i, ppl))
         return {**about, **result}
 

@@ -1,12 +1,12 @@
 import json
 
 import pytest
-from tiny_lm import TinyCausalLM, train_tokenizer
+from tiny_lm import TinyCausalLM
 
 
 @pytest.fixture(scope="session")
-def tokenizer(shared_data):
-    return train_tokenizer(shared_data)
+def tokenizer(tiny_tokenizer):
+    return tiny_tokenizer  # the session's one trained tokenizer (tests/conftest.py)
 
 
 @pytest.fixture(scope="session")

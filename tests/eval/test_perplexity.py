@@ -6,7 +6,6 @@ import torch.nn.functional as F
 from tokenizers import processors
 
 from qoq.eval.perplexity import (
-    count_windows,
     wikitext2_perplexity,
     wikitext2_text,
     wikitext2_token_ids,
@@ -72,4 +71,5 @@ def test_tokenizer_defaults_are_used(shared_data, tokenizer, wikitext_ids):
     assert tokenizer("a")["input_ids"] != with_bos("a")["input_ids"]  # the fixture is untouched
     ids = wikitext2_token_ids(with_bos, shared_data)
     assert ids[0] == bos_id and ids[1:].tolist() == wikitext_ids
-    assert count_windows(tokenizer, shared_data, seq_len=1000) == len(wikitext_ids) // 1000
+    ids = wikitext2_token_ids(tokenizer, shared_data)
+    assert window_plan(ids.numel(), seq_len=1000)["total_windows"] == len(wikitext_ids) // 1000
