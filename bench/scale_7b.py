@@ -5,7 +5,7 @@
 Writes the checkpoint as fp16 safetensors shards (one block per shard, written one tensor group at a
 time, so the writer itself stays small), with SmolLM2's tokenizer (vocab 49152 instead of Llama-2's 32000:
 the calibration tokens must fit the embedding), then quantizes it in a child process with the flagship
-recipe on a reduced calibration set (8 x 256 tokens) and reports the child's wall time and peak RSS.
+recipe on a reduced calibration set (8 x 256 tokens, clip scored on 512 of them) and reports the child's wall time and peak RSS.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from qoq.models.loader import resolve_model
 from qoq.passes.pipeline import TOKENIZER_FILES
 
 HIDDEN, INTER, HEADS, VOCAB = 4096, 11008, 32, 49152
+CLIP_TOKENS = 512  # the clip search scores T·N·K per ratio: AWQ also clips on 512 tokens
 
 
 def write_checkpoint(path: Path, layers: int) -> None:
@@ -76,12 +77,13 @@ def main() -> None:
     write_checkpoint(ckpt, args.layers)
     write_seconds = time.perf_counter() - t0
     base = (Path(__file__).resolve().parents[1] / "recipes" / f"{args.recipe}.toml").read_text()
-    recipe.write_text(base.replace("samples = 32", "samples = 8").replace("seq_len = 512", "seq_len = 256"))
+    recipe.write_text(base.replace("samples = 32", "samples = 8").replace("seq_len = 512", "seq_len = 256")
+                      + f"\n[pass_options.clip]\nmax_tokens = {CLIP_TOKENS}\n")
     cmd = [sys.executable, "-m", "qoq.cli", "quantize", "--model", str(ckpt), "--recipe", str(recipe),
            "--output", str(args.workdir / "artifact"), "--overwrite", "--json"]
     t0 = time.perf_counter()
     summary = json.loads(subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout)
-    result = {"summary": {"layers": args.layers, "of_layers": 32, "recipe": args.recipe, "calibration": "8 x 256",
+    result = {"summary": {"layers": args.layers, "of_layers": 32, "recipe": args.recipe, "calibration": "8 x 256", "clip_tokens": CLIP_TOKENS,
                           "quantize_seconds": time.perf_counter() - t0, "write_checkpoint_seconds": write_seconds,
                           "peak_rss_gib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20,
                           "block_rel_err_mean": summary["block_rel_err_mean"]},

@@ -41,20 +41,6 @@ def tensor_sha256(t: torch.Tensor) -> str:
     return hashlib.sha256(raw.numpy()).hexdigest()
 
 
-def _shard_plan(tensors: dict[str, torch.Tensor], shard_bytes: int) -> list[list[str]]:
-    """Greedy split in insertion order; a tensor larger than shard_bytes gets its own shard."""
-    shards: list[list[str]] = [[]]
-    size = 0
-    for name, t in tensors.items():
-        nbytes = t.numel() * t.element_size()
-        if shards[-1] and size + nbytes > shard_bytes:
-            shards.append([])
-            size = 0
-        shards[-1].append(name)
-        size += nbytes
-    return shards
-
-
 def _unshared(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Contiguous CPU tensors, cloning any that share storage (safetensors refuses shared memory)."""
     out, seen = {}, set()
@@ -66,20 +52,75 @@ def _unshared(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def _write_shards(tmp: Path, tensors: dict[str, torch.Tensor], shard_bytes: int) -> dict[str, str]:
-    """Write safetensors shard(s) (+ index when sharded); returns tensor name -> file name."""
-    plan = _shard_plan(tensors, shard_bytes)
-    n = len(plan)
-    files = ["model.safetensors"] if n == 1 else [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
-    weight_map = {}
-    for file, names in zip(files, plan):
-        save_file({name: tensors[name] for name in names}, str(tmp / file), metadata={"format": "pt"})
-        weight_map.update({name: file for name in names})
-    if n > 1:
-        total = sum(t.numel() * t.element_size() for t in tensors.values())
-        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-        (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-    return weight_map
+class ArtifactWriter:
+    """Streams tensors into an artifact built in a temp dir beside out_dir: `add` buffers tensors and
+    writes a safetensors shard whenever the next tensor would push the buffer past shard_bytes (a
+    tensor larger than that gets its own shard), so memory holds at most one shard; `finish` names
+    the shards, writes the index, config.json, copied files and qoq.json (per-tensor SHA-256) and
+    renames the dir into place. Leaving the `with` block without `finish` removes the temp dir."""
+
+    def __init__(self, out_dir: str | Path, shard_bytes: int = 2**31, overwrite: bool = False):
+        self.out_dir, self.shard_bytes = Path(out_dir), shard_bytes
+        if self.out_dir.exists() and not overwrite:
+            raise ArtifactError(f"{self.out_dir} already exists (pass overwrite=True to replace it)")
+        self.out_dir.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.out_dir.name}.tmp-", dir=self.out_dir.parent))
+        self._buffer: dict[str, torch.Tensor] = {}
+        self._buffered = 0
+        self._shards: list[list[str]] = []  # tensor names of each written shard
+        self._entries: dict[str, dict] = {}
+        self._total = 0
+
+    def __enter__(self) -> "ArtifactWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.tmp.exists():  # finish() did not run (or failed): nothing half-written stays
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def add(self, tensors: dict[str, torch.Tensor]) -> None:
+        for name, t in tensors.items():
+            if name in self._entries or name in self._buffer:
+                raise ArtifactError(f"tensor {name} is added twice")
+            nbytes = t.numel() * t.element_size()
+            if self._buffer and self._buffered + nbytes > self.shard_bytes:
+                self._flush()
+            self._buffer[name] = t
+            self._buffered += nbytes
+
+    def _flush(self) -> None:
+        tensors = _unshared(self._buffer)
+        save_file(tensors, str(self.tmp / f"shard-{len(self._shards):05d}.partial"), metadata={"format": "pt"})
+        for name, t in tensors.items():
+            self._entries[name] = {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
+                                   "sha256": tensor_sha256(t)}
+            self._total += t.numel() * t.element_size()
+        self._shards.append(list(tensors))
+        self._buffer, self._buffered = {}, 0
+
+    def finish(self, config: dict, manifest: dict, copy_files: list[Path] | tuple = ()) -> Path:
+        clash = [k for k in RESERVED_KEYS if k in manifest]
+        if clash:
+            raise ArtifactError(f"manifest may not set the reserved key(s) {', '.join(clash)}")
+        if self._buffer or not self._shards:
+            self._flush()
+        n = len(self._shards)
+        files = ["model.safetensors"] if n == 1 else [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
+        weight_map = {}
+        for i, (file, names) in enumerate(zip(files, self._shards)):
+            (self.tmp / f"shard-{i:05d}.partial").rename(self.tmp / file)
+            weight_map.update({name: file for name in names})
+        if n > 1:
+            index = {"metadata": {"total_size": self._total}, "weight_map": weight_map}
+            (self.tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+        (self.tmp / "config.json").write_text(json.dumps(config, indent=2))
+        for src in map(Path, copy_files):
+            shutil.copy2(src, self.tmp / src.name)
+        entries = {name: {"file": weight_map[name], **entry} for name, entry in self._entries.items()}
+        head = {"format_version": qoq.FORMAT_VERSION, "producer": f"qoq {qoq.__version__}"}
+        (self.tmp / MANIFEST).write_text(json.dumps({**head, **manifest, "tensors": entries}, indent=2))
+        _replace_dir(self.tmp, self.out_dir)
+        return self.out_dir
 
 
 def write_artifact(
@@ -92,32 +133,12 @@ def write_artifact(
     overwrite: bool = False,
 ) -> Path:
     """Write tensors, config.json, copied files and qoq.json (with per-tensor SHA-256) to out_dir."""
-    out_dir = Path(out_dir)
-    if out_dir.exists() and not overwrite:
-        raise ArtifactError(f"{out_dir} already exists (pass overwrite=True to replace it)")
     clash = [k for k in RESERVED_KEYS if k in manifest]
-    if clash:
+    if clash:  # checked before anything is written
         raise ArtifactError(f"manifest may not set the reserved key(s) {', '.join(clash)}")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-    try:
-        tensors = _unshared(tensors)
-        files = _write_shards(tmp, tensors, shard_bytes)
-        (tmp / "config.json").write_text(json.dumps(config, indent=2))
-        for src in map(Path, copy_files):
-            shutil.copy2(src, tmp / src.name)
-        entries = {
-            name: {"file": files[name], "dtype": str(t.dtype).removeprefix("torch."),
-                   "shape": list(t.shape), "sha256": tensor_sha256(t)}
-            for name, t in tensors.items()
-        }
-        head = {"format_version": qoq.FORMAT_VERSION, "producer": f"qoq {qoq.__version__}"}
-        (tmp / MANIFEST).write_text(json.dumps({**head, **manifest, "tensors": entries}, indent=2))
-        _replace_dir(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out_dir
+    with ArtifactWriter(out_dir, shard_bytes, overwrite) as writer:
+        writer.add(tensors)
+        return writer.finish(config, manifest, copy_files)
 
 
 def _replace_dir(tmp: Path, out_dir: Path) -> None:

@@ -79,3 +79,17 @@ def capture_linear_inputs(block: torch.nn.Module, ctx: BlockContext, max_tokens:
     owners = sorted(set(SHARED_INPUT.values()))
     return capture_inputs(block, ctx.inputs, ctx.position_ids, owners, max_tokens,
                           seed=ctx.recipe.calibration.seed + ctx.index)
+
+
+class OutputError:
+    """Per output channel squared output error ‖X·ΔWᵀ‖² [N], through the Gram matrix XᵀX when that is
+    cheaper (fewer input channels than tokens)."""
+
+    def __init__(self, x: torch.Tensor):  # [T, K]
+        self.gram = x.T @ x if x.shape[1] < x.shape[0] else None  # [K, K]
+        self.x = None if self.gram is not None else x
+
+    def __call__(self, delta: torch.Tensor) -> torch.Tensor:  # [N, K] -> [N]
+        if self.gram is not None:
+            return ((delta @ self.gram) * delta).sum(dim=1).clamp_min(0)  # fp32 rounding can dip below 0
+        return (self.x @ delta.T).pow(2).sum(dim=0)

@@ -11,23 +11,8 @@ from dataclasses import dataclass
 import torch
 
 from qoq.passes.base import BLOCK_LINEARS, PASSES, BlockContext, Pass
-from qoq.passes.capture import SHARED_INPUT, capture_linear_inputs
-from qoq.quant.weights import quantize_weight
-
-# linears reading the same tensor: its inputs are captured once, under the first name
-class OutputError:
-    """Per output channel squared output error ‖X·ΔWᵀ‖² [N], through the Gram matrix XᵀX when that is
-    cheaper (fewer input channels than tokens)."""
-
-    def __init__(self, x: torch.Tensor):  # [T, K]
-        self.gram = x.T @ x if x.shape[1] < x.shape[0] else None  # [K, K]
-        self.x = None if self.gram is not None else x
-
-    def __call__(self, delta: torch.Tensor) -> torch.Tensor:  # [N, K] -> [N]
-        if self.gram is not None:
-            return ((delta @ self.gram) * delta).sum(dim=1).clamp_min(0)  # fp32 rounding can dip below 0
-        return (self.x @ delta.T).pow(2).sum(dim=0)
-
+from qoq.passes.capture import SHARED_INPUT, OutputError, capture_linear_inputs
+from qoq.quant.weights import fake_quantize
 
 def search_clip_ratios(weight: torch.Tensor, group_size: int, error: OutputError, ratios: torch.Tensor
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -37,7 +22,7 @@ def search_clip_ratios(weight: torch.Tensor, group_size: int, error: OutputError
     n = weight.shape[0]
 
     def error_at(r: float) -> torch.Tensor:  # [N]
-        return error(weight - quantize_weight(weight, group_size, clip_ratio=torch.full((n,), r)).dequantize())
+        return error(weight - fake_quantize(weight, group_size, clip_ratio=torch.full((n,), r)))
 
     first = ratios[0].item()
     first_err = error_at(first)

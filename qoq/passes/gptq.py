@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import torch
 
 from qoq.passes.base import BLOCK_LINEARS, PASSES, BlockContext, Pass
-from qoq.passes.capture import SHARED_INPUT, capture_linear_inputs
-from qoq.quant.weights import QuantizedWeight, quantize_weight, round_onto_grid
+from qoq.passes.capture import SHARED_INPUT, OutputError, capture_linear_inputs
+from qoq.quant.weights import QuantizedWeight, fake_quantize, quantize_weight, round_onto_grid
 
 HESSIAN_CHUNK = 1024  # calibration rows per XᵀX partial sum
 DAMP_RETRIES = 4  # each retry multiplies the damping by 10
@@ -46,47 +46,62 @@ def inverse_cholesky(h: torch.Tensor, damp: float) -> tuple[torch.Tensor, float,
     raise RuntimeError(f"Hessian is not positive definite even with damping {damp} after {DAMP_RETRIES} retries")
 
 
-def gptq_quantize(weight: torch.Tensor, h: torch.Tensor, group_size: int, clip_ratio: torch.Tensor | None = None,
-                  damp: float = 0.01, act_order: bool = True, block_size: int = 128
-                  ) -> tuple[QuantizedWeight, dict]:
-    """GPTQ codes of weight [N, K] on its static grid, given the input Hessian h [K, K].
-    Returns the QuantizedWeight and a record (damping, retries, dead columns)."""
-    w = weight.detach().float()  # [N, K]
-    n, k = w.shape
-    if h.shape != (k, k):
-        raise ValueError(f"Hessian is {tuple(h.shape)}, the weight has K={k} input channels")
-    grid = quantize_weight(w, group_size, clip_ratio)  # the fixed scales, and RTN's codes
-    dead = h.diagonal() == 0  # inputs never active in calibration: decoupled, so RTN rounds them
-    diag = h.diagonal().masked_fill(dead, 1)
-    order = torch.argsort(diag, descending=True, stable=True) if act_order else torch.arange(k, device=w.device)
-    w, h = w[:, order], h[order[:, None], order]  # permuted copies
-    h.diagonal()[dead[order]] = 1
-    hinv, damp_used, retries = inverse_cholesky(h, damp)
+@dataclass(frozen=True)
+class HessianFactor:
+    """What GPTQ needs from one input Hessian, shared by every linear reading that input."""
+    order: torch.Tensor  # [K] column order (act-order: descending diag H)
+    hinv: torch.Tensor  # [K, K] upper Cholesky factor of the damped, permuted H⁻¹
+    dead: torch.Tensor  # bool [K]: inputs never active in calibration
+    damp: float
+    retries: int
 
-    codes = torch.zeros(n, k, dtype=torch.uint8, device=w.device)  # in act-order
+
+def factor_hessian(h: torch.Tensor, damp: float = 0.01, act_order: bool = True) -> HessianFactor:
+    """Order and inverse Cholesky factor of the input Hessian h [K, K] (not modified)."""
+    k = h.shape[0]
+    dead = h.diagonal() == 0  # decoupled inputs: RTN rounds them
+    diag = h.diagonal().masked_fill(dead, 1)
+    order = torch.argsort(diag, descending=True, stable=True) if act_order else torch.arange(k, device=h.device)
+    hp = h[order[:, None], order]  # permuted copy
+    hp.diagonal()[dead[order]] = 1
+    hinv, damp_used, retries = inverse_cholesky(hp, damp)
+    return HessianFactor(order, hinv, dead, damp_used, retries)
+
+
+def gptq_quantize(weight: torch.Tensor, h: torch.Tensor | HessianFactor, group_size: int,
+                  clip_ratio: torch.Tensor | None = None, damp: float = 0.01, act_order: bool = True,
+                  block_size: int = 128) -> tuple[QuantizedWeight, dict]:
+    """GPTQ codes of weight [N, K] on its static grid, given the input Hessian h [K, K] (or its
+    factor_hessian, which damp and act_order then do not change).
+    Returns the QuantizedWeight and a record (damping, retries, dead columns)."""
+    n, k = weight.shape
+    if isinstance(h, torch.Tensor):
+        if h.shape != (k, k):
+            raise ValueError(f"Hessian is {tuple(h.shape)}, the weight has K={k} input channels")
+        h = factor_hessian(h, damp, act_order)
+    elif h.order.shape[0] != k:
+        raise ValueError(f"Hessian factor has K={h.order.shape[0]}, the weight has K={k} input channels")
+    grid = quantize_weight(weight, group_size, clip_ratio)  # the fixed scales, and RTN's codes
+    order, hinv = h.order, h.hinv
+    # transposed, so a column of W is a contiguous row: wt[j] = W[:, order[j]]
+    wt = weight.detach().float().t()[order].contiguous()  # [K, N]
+    codes = torch.zeros(k, n, dtype=torch.uint8, device=wt.device)  # in act-order, transposed
     for i1 in range(0, k, block_size):
         i2 = min(i1 + block_size, k)
-        w_block, hinv_block = w[:, i1:i2].clone(), hinv[i1:i2, i1:i2]  # [N, B], [B, B]
-        err_block = torch.zeros_like(w_block)
+        block, hinv_block = wt[i1:i2], hinv[i1:i2, i1:i2]  # views [B, N], [B, B]
+        err_block = torch.empty_like(block)
         for i in range(i2 - i1):
-            column = w_block[:, i : i + 1]  # [N, 1]
-            q, w_hat = round_onto_grid(column, grid, order[i1 + i : i1 + i + 1])
-            codes[:, i1 + i] = q[:, 0]
-            err = (column - w_hat) / hinv_block[i, i]  # [N, 1]
-            w_block[:, i:] -= err @ hinv_block[i : i + 1, i:]
-            err_block[:, i : i + 1] = err
-        w[:, i2:] -= err_block @ hinv[i1:i2, i2:]  # lazy batch update of the later columns
+            column = block[i : i + 1]  # [1, N]
+            q, w_hat = round_onto_grid(column.t(), grid, order[i1 + i : i1 + i + 1])  # [N, 1] each
+            codes[i1 + i] = q[:, 0]
+            err = (column - w_hat.t()) / hinv_block[i, i]  # [1, N]
+            block[i:].sub_(hinv_block[i, i:, None] * err)  # rank-1 update of this block's later columns
+            err_block[i] = err[0]
+        wt[i2:].sub_(hinv[i1:i2, i2:].t() @ err_block)  # lazy batch update of the later columns
     unpermuted = torch.empty_like(codes)
-    unpermuted[:, order] = codes
-    record = {"damp": damp_used, "retries": retries, "dead_columns": int(dead.sum())}
-    return grid.with_codes(unpermuted), record
-
-
-def output_rel_err(weight: torch.Tensor, qw: QuantizedWeight, h: torch.Tensor) -> float:
-    """‖X·Wᵀ − X·Ŵᵀ‖ / ‖X·Wᵀ‖ on the calibration inputs, through H ∝ XᵀX."""
-    delta = weight.float() - qw.dequantize()  # [N, K]
-    err = ((delta @ h) * delta).sum().clamp_min(0)
-    return (err / ((weight.float() @ h) * weight.float()).sum().clamp_min(1e-30)).sqrt().item()
+    unpermuted[order] = codes
+    record = {"damp": h.damp, "retries": h.retries, "dead_columns": int(h.dead.sum())}
+    return grid.with_codes(unpermuted.t().contiguous()), record
 
 
 @dataclass(frozen=True)
@@ -113,14 +128,18 @@ class GPTQ(Pass):
 
     def apply(self, block: torch.nn.Module, ctx: BlockContext) -> dict:
         o, group = self.options, ctx.recipe.format.group_size
-        inputs = capture_linear_inputs(block, ctx, o.max_tokens)
-        hessians = {owner: hessian(inputs.pop(owner)) for owner in list(inputs)}  # one H per shared input
+        inputs = capture_linear_inputs(block, ctx, o.max_tokens)  # one [T, K] per shared input
+        factors = {owner: factor_hessian(hessian(x), o.damp, o.act_order) for owner, x in inputs.items()}
+        errors = {owner: OutputError(x) for owner, x in inputs.items()}  # cheaper than through H when T < K
+        del inputs
         record = {}
         for name in BLOCK_LINEARS:
             weight = block.get_submodule(name).weight.detach().float()  # [N, K]
-            h, clip = hessians[SHARED_INPUT[name]], ctx.clip_ratios.get(name)
-            qw, record[name] = gptq_quantize(weight, h, group, clip, o.damp, o.act_order, o.block_size)
+            owner, clip = SHARED_INPUT[name], ctx.clip_ratios.get(name)
+            qw, record[name] = gptq_quantize(weight, factors[owner], group, clip, block_size=o.block_size)
             ctx.quantized[name] = qw
-            record[name]["rel_err"] = output_rel_err(weight, qw, h)
-            record[name]["rel_err_rtn"] = output_rel_err(weight, quantize_weight(weight, group, clip), h)
+            error, signal = errors[owner], errors[owner](weight).sum().clamp_min(1e-30)  # ‖X·Wᵀ‖²
+            rtn = fake_quantize(weight, group, clip)
+            record[name]["rel_err"] = (error(weight - qw.dequantize()).sum() / signal).sqrt().item()
+            record[name]["rel_err_rtn"] = (error(weight - rtn).sum() / signal).sqrt().item()
         return record

@@ -170,20 +170,78 @@ def random_orthogonal(n: int, seed: int) -> torch.Tensor:
     return q * torch.sign(torch.diagonal(r)).unsqueeze(0)
 
 
+SYLVESTER_FACTOR = 64  # Sylvester(2^m) = Sylvester(64) ⊗ ... : each factor a small dense matmul
+
+
+class KroneckerOrthogonal:
+    """R = (F₁ ⊗ F₂ ⊗ …)·scale, orthogonal [n, n] fp64, applied factor by factor: x·R costs
+    n·Σ|Fᵢ| multiply-adds per row instead of n² (4096 = 64·64: 32× fewer)."""
+
+    def __init__(self, factors: list[torch.Tensor], scale: float = 1.0):
+        self.factors, self.scale = factors, scale  # fp64 [f, f] each
+        self.size = math.prod(f.shape[0] for f in factors)
+
+    def right(self, x: torch.Tensor) -> torch.Tensor:
+        """x·R for x [..., n], in fp64."""
+        if x.shape[-1] != self.size:
+            raise ValueError(f"rotation of size {self.size} applied to a last dimension of {x.shape[-1]}")
+        lead, y, pre = x.shape[:-1], x.double().reshape(-1, self.size), 1
+        for f in self.factors:  # the (i, j) index of A ⊗ B is i·|B| + j: factor i acts on digit i
+            post = self.size // (pre * f.shape[0])
+            y = torch.einsum("mpfq,fg->mpgq", y.reshape(-1, pre, f.shape[0], post), f)
+            pre *= f.shape[0]
+        return (y * self.scale).reshape(*lead, self.size)
+
+    def right_(self, w: torch.Tensor, rows: int = 4096) -> torch.Tensor:
+        """w ← w·R in place for w [M, n], computed in fp64 a few rows at a time: the fp64 temporaries
+        stay small even for a [vocab, hidden] embedding. Returns w."""
+        for r0 in range(0, w.shape[0], rows):
+            w[r0 : r0 + rows] = self.right(w[r0 : r0 + rows]).to(w.dtype)
+        return w
+
+    def left_transposed(self, w: torch.Tensor) -> torch.Tensor:
+        """Rᵀ·w for w [n, K], in fp64."""
+        return self.right(w.T).T
+
+    def dense(self) -> torch.Tensor:
+        """R [n, n] fp64."""
+        return self.right(torch.eye(self.size, dtype=torch.float64))
+
+
+def _sylvester_factors(n: int) -> list[torch.Tensor]:
+    factors = []
+    while n > 1:
+        f = min(n, SYLVESTER_FACTOR)
+        factors.append(sylvester(f))
+        n //= f
+    return factors or [sylvester(1)]
+
+
 @lru_cache(maxsize=8)
-def _cached(n: int, seed: int) -> tuple[torch.Tensor, str]:
-    found = integer_hadamard(n)
-    if found is None:
-        return random_orthogonal(n, seed), f"random-orthogonal(seed={seed})"
-    h, kind = found
-    return h / math.sqrt(n), f"hadamard-{kind}"
+def _cached(n: int, seed: int) -> tuple[KroneckerOrthogonal, str]:
+    plan = hadamard_plan(n)
+    if plan is None:
+        return KroneckerOrthogonal([random_orthogonal(n, seed)]), f"random-orthogonal(seed={seed})"
+    construction, k, two_power = plan
+    if construction == "sylvester":
+        return KroneckerOrthogonal(_sylvester_factors(n), 1 / math.sqrt(n)), f"hadamard-sylvester({n})"
+    core = CORES[construction](k)  # [k, k]
+    kind = f"{construction}({k})" + (f"xsylvester({two_power})" if two_power > 1 else "")
+    factors = [core] + (_sylvester_factors(two_power) if two_power > 1 else [])
+    return KroneckerOrthogonal(factors, 1 / math.sqrt(n)), f"hadamard-{kind}"
 
 
-def hadamard(n: int, seed: int = 0) -> tuple[torch.Tensor, str]:
-    """Orthogonal [n, n] fp64 (a normalized Hadamard matrix when one is constructible) and its kind
-    for the manifest. Cached by (n, seed): treat the returned tensor as read-only."""
-    matrix, kind = _cached(int(n), int(seed))
+def hadamard_rotation(n: int, seed: int = 0) -> tuple[KroneckerOrthogonal, str]:
+    """An orthogonal rotation of order n (a normalized Hadamard matrix when one is constructible, kept
+    as Kronecker factors) and its kind for the manifest. Cached by (n, seed): treat it as read-only."""
+    rotation, kind = _cached(int(n), int(seed))
     if kind.startswith("random"):  # warned on every call, not only the first (cached) one
         warnings.warn(f"no Hadamard construction for size {n}: using a random orthogonal matrix "
                       f"(seed={seed})", stacklevel=2)
-    return matrix, kind
+    return rotation, kind
+
+
+def hadamard(n: int, seed: int = 0) -> tuple[torch.Tensor, str]:
+    """`hadamard_rotation` as a dense orthogonal matrix [n, n] fp64."""
+    rotation, kind = hadamard_rotation(n, seed)
+    return rotation.dense(), kind

@@ -15,7 +15,7 @@ import torch
 
 from qoq import __version__
 from qoq.calibration import calibration_tokens, describe, load_spec
-from qoq.export.artifact import write_artifact
+from qoq.export.artifact import ArtifactWriter
 from qoq.models.config import ModelConfig
 from qoq.models.loader import CheckpointReader, load_block, load_skeleton, load_tokenizer, resolve_model
 from qoq.passes.base import PASSES, BlockContext, ModelContext
@@ -28,6 +28,7 @@ TOKENIZER_FILES = (
     "vocab.json", "merges.txt", "generation_config.json", "chat_template.jinja",
 )
 CHUNK = 4  # calibration samples per block forward: bounds attention's temporary memory
+SHARD_BYTES = 2**30  # artifact shard size: a buffered shard and its serialized copy are in memory
 
 
 @dataclass
@@ -115,59 +116,62 @@ def quantize_model(model: str, recipe: Recipe, output: Path, *, data_dir: Path |
     with torch.inference_mode():
         h = torch.cat([lm.embed(tokens[i : i + CHUNK]) for i in range(0, len(tokens), CHUNK)])
 
-    tensors = model_tensors(lm, cfg)
-    if not keep_model:
-        lm = None  # embeddings and lm_head are exported: free their float copies before the blocks
-    records, errors = [], []
-    bar = StepProgress(f"quantize {recipe.name}", cfg.num_layers * (len(passes) + 1),
-                       ("layer", "step", "error", "seconds", "RSS GiB"), show_progress)
-    with bar.running():
-        for i in range(cfg.num_layers):
-            t_block = time.perf_counter()
-            block = load_block(reader, cfg, i, dtype=torch.float32, device="cpu")
-            ctx = BlockContext(i, cfg, recipe, h, positions)
-            record, reference = {}, None
-            for p in passes:
-                if not p.exact and reference is None:
-                    reference = _run_block(block, h, positions)  # [n, T, H] float output, after exact passes
-                t_pass = time.perf_counter()
-                record[p.name] = p.apply(block, ctx)
-                bar.row(i, p.name, error_change(record[p.name]), time.perf_counter() - t_pass, rss_gib())
-            if reference is None:
-                reference = _run_block(block, h, positions)
-            records.append(record)
-            tensors.update(block_tensors(block, ctx.quantized, f"model.layers.{i}"))
-            swap_quantized(block, ctx.quantized, recipe.format)
-            round_to_storage(block)
-            h = _run_block(block, h, positions)  # propagate what the quantized model computes
-            errors.append(_relative_error(h, reference))
-            if keep_model:
-                lm.model.layers[i] = block
-            bar.row(i, "block out", f"{errors[-1]:.2e}", time.perf_counter() - t_block, rss_gib())
-            del block, reference
+    # shards stream to a temp dir beside the output as blocks finish (memory holds one shard);
+    # it is renamed into place by finish() and removed if anything fails before
+    with ArtifactWriter(output, SHARD_BYTES, overwrite) as writer:
+        writer.add(model_tensors(lm, cfg))
+        if not keep_model:
+            lm = None  # embeddings and lm_head are exported: free their float copies before the blocks
+        records, errors = [], []
+        bar = StepProgress(f"quantize {recipe.name}", cfg.num_layers * (len(passes) + 1),
+                           ("layer", "step", "error", "seconds", "RSS GiB"), show_progress)
+        with bar.running():
+            for i in range(cfg.num_layers):
+                t_block = time.perf_counter()
+                block = load_block(reader, cfg, i, dtype=torch.float32, device="cpu")
+                ctx = BlockContext(i, cfg, recipe, h, positions)
+                record, reference = {}, None
+                for p in passes:
+                    if not p.exact and reference is None:
+                        reference = _run_block(block, h, positions)  # [n, T, H] float output, after exact passes
+                    t_pass = time.perf_counter()
+                    record[p.name] = p.apply(block, ctx)
+                    bar.row(i, p.name, error_change(record[p.name]), time.perf_counter() - t_pass, rss_gib())
+                if reference is None:
+                    reference = _run_block(block, h, positions)
+                records.append(record)
+                writer.add(block_tensors(block, ctx.quantized, f"model.layers.{i}"))
+                swap_quantized(block, ctx.quantized, recipe.format)
+                round_to_storage(block)
+                h = _run_block(block, h, positions)  # propagate what the quantized model computes
+                errors.append(_relative_error(h, reference))
+                if keep_model:
+                    lm.model.layers[i] = block
+                bar.row(i, "block out", f"{errors[-1]:.2e}", time.perf_counter() - t_block, rss_gib())
+                del block, reference
 
-    summary = {
-        "model": model, "recipe": recipe.name, "layers": cfg.num_layers,
-        "block_rel_err_mean": sum(errors) / len(errors), "block_rel_err_max": max(errors),
-        "calibration": describe(spec, tokens, data_dir, seed=c.seed),
-    }
-    manifest = {
-        "recipe": recipe.to_dict(),
-        "passes": {"declared": {p.name: {"needs_calibration": p.needs_calibration, "exact": p.exact,
-                                         "quantizes": p.quantizes} for p in passes},
-                   "model": model_records, "blocks": records},
-        "calibration": summary["calibration"],
-        "source": {"model": model, "path": str(path), "sha256": _files_sha256(path)},
-        "block_rel_err": errors,
-    }
-    hf_config = dict(cfg.hf)  # passes may have changed it (rotation unties the embeddings)
-    if recipe.quantizes_weights:
-        f = recipe.format
-        hf_config["quantization_config"] = {
-            "quant_method": "qoq", "wbits": f.weight_bits, "group_size": f.group_size,
-            "abits": f.act_bits, "kv_bits": f.kv_bits, "recipe": recipe.name, "producer": f"qoq {__version__}"}
-    hf_config["torch_dtype"] = "float16"
-    copy = [path / n for n in TOKENIZER_FILES if (path / n).exists()]
-    write_artifact(output, tensors, hf_config, manifest, copy_files=copy, overwrite=overwrite)
+        summary = {
+            "model": model, "recipe": recipe.name, "layers": cfg.num_layers,
+            "block_rel_err_mean": sum(errors) / len(errors), "block_rel_err_max": max(errors),
+            "calibration": describe(spec, tokens, data_dir, seed=c.seed),
+        }
+        manifest = {
+            "recipe": recipe.to_dict(),
+            "passes": {"declared": {p.name: {"needs_calibration": p.needs_calibration, "exact": p.exact,
+                                             "quantizes": p.quantizes} for p in passes},
+                       "model": model_records, "blocks": records},
+            "calibration": summary["calibration"],
+            "source": {"model": model, "path": str(path), "sha256": _files_sha256(path)},
+            "block_rel_err": errors,
+        }
+        hf_config = dict(cfg.hf)  # passes may have changed it (rotation unties the embeddings)
+        if recipe.quantizes_weights:
+            f = recipe.format
+            hf_config["quantization_config"] = {
+                "quant_method": "qoq", "wbits": f.weight_bits, "group_size": f.group_size,
+                "abits": f.act_bits, "kv_bits": f.kv_bits, "recipe": recipe.name, "producer": f"qoq {__version__}"}
+        hf_config["torch_dtype"] = "float16"
+        copy = [path / n for n in TOKENIZER_FILES if (path / n).exists()]
+        writer.finish(hf_config, manifest, copy_files=copy)
     summary.update(output=str(output), seconds=time.perf_counter() - t0, peak_rss_gib=peak_rss_gib())
     return QuantizeResult(output, summary, lm if keep_model else None)

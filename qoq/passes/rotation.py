@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from qoq.passes.base import PASSES, BlockContext, ModelContext, Pass
-from qoq.passes.hadamard import hadamard
+from qoq.passes.hadamard import KroneckerOrthogonal, hadamard, hadamard_rotation
 
 NORM_FEEDS = {  # norm -> the linears reading its output (they absorb γ and take W ← W·R)
     "input_layernorm": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
@@ -46,9 +46,12 @@ def _set(param: torch.Tensor, value: torch.Tensor) -> None:
 @torch.no_grad()
 def _fold_norm(norm: nn.Module, linears: list[nn.Linear]) -> None:
     """W ← W·diag(γ) for every reader of the norm, then γ := 1."""
-    gamma = norm.weight.double()  # [H]
+    gamma = norm.weight  # [H]
     for linear in linears:
-        _set(linear.weight, linear.weight.double() * gamma)
+        if linear.weight.dtype == gamma.dtype:  # one correctly rounded product: the same as via fp64
+            linear.weight.mul_(gamma)
+        else:
+            _set(linear.weight, linear.weight.double() * gamma.double())
     norm.weight.fill_(1.0)
 
 
@@ -61,13 +64,13 @@ class Rotation(Pass):
 
     def __init__(self, options=None):
         super().__init__(options)
-        self.residual: torch.Tensor | None = None  # R [H, H] fp64, set by prepare_model
+        self.residual: KroneckerOrthogonal | None = None  # R [H, H], set by prepare_model
         self.head: torch.Tensor | None = None  # H_D [D, D] fp64 or None
 
     def prepare_model(self, lm: nn.Module, ctx: ModelContext) -> dict:
         """Rotate the skeleton: E ← E·R and lm_head ← W·diag(γ_final)·R (untied first)."""
         cfg = ctx.config
-        self.residual, residual_kind = hadamard(cfg.hidden_size, self.options.seed)
+        self.residual, residual_kind = hadamard_rotation(cfg.hidden_size, self.options.seed)
         record = {"residual": {"kind": residual_kind, "size": cfg.hidden_size}, "head": None}
         if self.options.per_head_v:
             self.head, head_kind = hadamard(cfg.head_dim, self.options.seed)
@@ -76,7 +79,7 @@ class Rotation(Pass):
         _fold_norm(lm.model.norm, [lm.lm_head])
         with torch.no_grad():
             for weight in (lm.model.embed_tokens.weight, lm.lm_head.weight):  # [V, H]
-                _set(weight, weight.double() @ self.residual)
+                self.residual.right_(weight)
         return record
 
     @torch.no_grad()
@@ -84,17 +87,17 @@ class Rotation(Pass):
         if self.residual is None:
             raise RuntimeError("rotation.apply ran before rotation.prepare_model: the model's embeddings "
                                "must be rotated with the same R as its blocks")
-        r = self.residual  # [H, H]
+        r = self.residual  # R [H, H]
         for norm_name, reader_names in NORM_FEEDS.items():
             readers = [_linear(block, n) for n in reader_names]
             _fold_norm(block.get_submodule(norm_name), readers)
             for linear in readers:  # [N, H]
-                _set(linear.weight, linear.weight.double() @ r)
+                _set(linear.weight, r.right(linear.weight))
         for name in RESIDUAL_WRITERS:
             linear = _linear(block, name)  # weight [H, K]
-            _set(linear.weight, r.T @ linear.weight.double())
+            _set(linear.weight, r.left_transposed(linear.weight))
             if linear.bias is not None:
-                _set(linear.bias, linear.bias.double() @ r)
+                _set(linear.bias, r.right(linear.bias))
         if self.head is not None:
             self._rotate_heads(block.self_attn)
         return {}

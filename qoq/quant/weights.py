@@ -29,9 +29,9 @@ class QuantizedWeight:
         """The integer weight seen by the INT8 MMA: q*s2 - z, int16 [N, K] (group only)."""
         if self.group_size == -1:
             raise ValueError("w8() is defined for progressive group weights, not per channel")
-        s2 = self.s2.repeat_interleave(self.group_size, dim=1)  # [N, K]
-        z = self.z.repeat_interleave(self.group_size, dim=1)
-        return self.q.to(torch.int16) * s2 - z
+        n, k = self.q.shape
+        qg = self.q.view(n, k // self.group_size, self.group_size).to(torch.int16)  # [N, G, g]
+        return (qg * self.s2[:, :, None] - self.z[:, :, None]).view(n, k)
 
     def with_codes(self, q: torch.Tensor) -> "QuantizedWeight":
         """The same scales with other codes q uint8 [N, K] (e.g. GPTQ's), checked like a fresh one."""
@@ -92,40 +92,57 @@ def _per_channel_codes(w: torch.Tensor, s: torch.Tensor, szero: torch.Tensor) ->
     return torch.round((w + szero.float()[:, None]) / s.float()[:, None]).clamp(0, 15)
 
 
-def quantize_progressive(w: torch.Tensor, group_size: int, clip_ratio: torch.Tensor | None = None) -> QuantizedWeight:
-    """§3.1: per-channel symmetric level 0 (range 119), then per-group UINT4 with integer s2, z.
-    A clip ratio r [N] shrinks the level-0 range: s1 = fp16(r*max|W|/119), so |W| > r*max clamps."""
-    w = _check_matrix(w)
+def _progressive_grid(w: torch.Tensor, group_size: int, clip_ratio: torch.Tensor | None):
+    """§3.1 on a checked fp32 w [N, K] -> s1 fp16 [N], s2 and z fp32 [N, G], codes fp32 [N, G, g]."""
     n, k = w.shape
     if group_size <= 0 or k % group_size:
         raise ValueError(f"K={k} is not divisible by the group size {group_size}")
     r = _clip_ratios(clip_ratio, n, w.device)
     s1 = _to_fp16_scale(r * w.abs().amax(dim=1) / PROTECTIVE_RANGE, "level-0 scale s1")  # [N]
-    u = (w / s1.float()[:, None]).clamp(-PROTECTIVE_RANGE, PROTECTIVE_RANGE)  # [N, K], not rounded
-    ug = u.reshape(n, k // group_size, group_size)  # [N, G, g]
+    u = (w / s1.float()[:, None]).clamp_(-PROTECTIVE_RANGE, PROTECTIVE_RANGE)  # [N, K], not rounded
+    ug = u.view(n, k // group_size, group_size)  # [N, G, g]
     u_max, u_min = ug.amax(dim=2), ug.amin(dim=2)  # [N, G]
     s2 = torch.round((u_max - u_min) / 15).clamp(1, 127)
     z = torch.round(-u_min).clamp(-128, 127)
-    q = _progressive_codes(w, s1, s2.repeat_interleave(group_size, 1), z.repeat_interleave(group_size, 1))
-    qw = QuantizedWeight(
-        q=q.to(torch.uint8),
-        s1=s1,
-        group_size=group_size,
-        s2=s2.to(torch.int16),
-        z=z.to(torch.int16),
-    )
+    q = ug.add_(z[:, :, None]).div_(s2[:, :, None]).round_().clamp_(0, 15)  # = _progressive_codes, in place
+    return s1, s2, z, q
+
+
+def quantize_progressive(w: torch.Tensor, group_size: int, clip_ratio: torch.Tensor | None = None) -> QuantizedWeight:
+    """§3.1: per-channel symmetric level 0 (range 119), then per-group UINT4 with integer s2, z.
+    A clip ratio r [N] shrinks the level-0 range: s1 = fp16(r*max|W|/119), so |W| > r*max clamps."""
+    w = _check_matrix(w)
+    s1, s2, z, q = _progressive_grid(w, group_size, clip_ratio)
+    qw = QuantizedWeight(q=q.view(w.shape).to(torch.uint8), s1=s1, group_size=group_size,
+                         s2=s2.to(torch.int16), z=z.to(torch.int16))
     _check_int8_safety(qw)
     return qw
 
 
+def fake_quantize(w: torch.Tensor, group_size: int, clip_ratio: torch.Tensor | None = None) -> torch.Tensor:
+    """quantize_weight(w, ...).dequantize() [N, K] fp32 without building the codes (for searches that
+    score many candidate grids); equal to it element for element."""
+    if group_size == -1:
+        return quantize_per_channel(w, clip_ratio).dequantize()
+    w = _check_matrix(w)
+    s1, s2, z, q = _progressive_grid(w, group_size, clip_ratio)
+    w8 = q.mul_(s2[:, :, None]).sub_(z[:, :, None])  # [N, G, g], exact integers
+    return w8.mul_(s1.float()[:, None, None]).view(w.shape)
+
+
 def _check_int8_safety(qw: QuantizedWeight) -> None:
-    """W8 must fit the INT8 MMA and q*s2 the byte-wise multiply (§3.1 step 3)."""
-    w8 = qw.w8()
-    if int(w8.min()) < -128 or int(w8.max()) > 127:
-        raise ValueError(f"W8 out of int8 range: [{int(w8.min())}, {int(w8.max())}]")
-    qs2 = qw.q.to(torch.int16) * qw.s2.repeat_interleave(qw.group_size, dim=1)
-    if int(qs2.max()) > 255:
-        raise ValueError(f"q*s2 = {int(qs2.max())} exceeds 255")
+    """W8 must fit the INT8 MMA and q*s2 the byte-wise multiply (§3.1 step 3). s2 >= 1, so each
+    group's extremes of q*s2 - z sit at its extreme codes: checked per group, not per element."""
+    qg = qw.q.view(*qw.s2.shape, qw.group_size)  # [N, G, g]
+    q_max, q_min = qg.amax(dim=2).to(torch.int16), qg.amin(dim=2).to(torch.int16)  # [N, G]
+    if int(qw.s2.min()) < 1:
+        raise ValueError(f"s2 = {int(qw.s2.min())} is below 1")
+    w8_min, w8_max = int((q_min * qw.s2 - qw.z).min()), int((q_max * qw.s2 - qw.z).max())
+    if w8_min < -128 or w8_max > 127:
+        raise ValueError(f"W8 out of int8 range: [{w8_min}, {w8_max}]")
+    qs2_max = int((q_max * qw.s2).max())
+    if qs2_max > 255:
+        raise ValueError(f"q*s2 = {qs2_max} exceeds 255")
 
 
 def quantize_per_channel(w: torch.Tensor, clip_ratio: torch.Tensor | None = None) -> QuantizedWeight:

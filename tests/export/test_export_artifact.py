@@ -8,7 +8,7 @@ import torch
 
 import qoq
 from qoq.export import artifact as artifact_mod
-from qoq.export.artifact import ArtifactError, read_artifact, write_artifact
+from qoq.export.artifact import ArtifactError, ArtifactWriter, read_artifact, write_artifact
 
 CONFIG = {"model_type": "llama", "num_hidden_layers": 1}
 
@@ -147,6 +147,28 @@ def test_failure_mid_write_leaves_nothing(tmp_path, monkeypatch):
         write(old, shard_bytes=1100, overwrite=True)
     assert set(read_artifact(old).tensors) == {"x.weight"}  # the old artifact is untouched
     assert sorted(p.name for p in tmp_path.iterdir()) == ["kept"]
+
+
+def test_writer_streams_shards_and_equals_write_artifact(tmp_path):
+    """Tensors added in pieces are on disk once a shard fills (the buffer holds one shard at most),
+    and the finished artifact is file-for-file the one write_artifact makes from the whole dict."""
+    tensors = sample_tensors()
+    names = list(tensors)
+    with ArtifactWriter(tmp_path / "streamed", shard_bytes=1100) as writer:
+        writer.add({n: tensors[n] for n in names[:2]})  # 1024 + 2048 bytes: the first shard is written
+        assert len(list(writer.tmp.glob("*.partial"))) == 1 and writer._buffered <= 1100
+        writer.add({n: tensors[n] for n in names[2:]})
+        with pytest.raises(ArtifactError, match="lm_head.weight is added twice"):
+            writer.add({"lm_head.weight": tensors["lm_head.weight"]})
+        streamed = writer.finish(CONFIG, {"recipe": {"name": "w4a8kv4g128"}})
+    whole = write(tmp_path / "whole", shard_bytes=1100)
+    files = sorted(p.name for p in whole.iterdir())
+    assert files == sorted(p.name for p in streamed.iterdir()) and "model.safetensors.index.json" in files
+    for name in files:
+        assert (whole / name).read_bytes() == (streamed / name).read_bytes(), name
+    with ArtifactWriter(tmp_path / "abandoned") as writer:  # no finish(): nothing stays behind
+        writer.add(tensors)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["streamed", "whole"]
 
 
 def test_manifest_may_not_override_reserved_keys(tmp_path):

@@ -9,7 +9,8 @@ from qoq.models.llama import Block
 from qoq.passes import clip as _registers  # noqa: F401
 from qoq.passes.base import BLOCK_LINEARS, BlockContext
 from qoq.passes.capture import SHARED_INPUT, capture_linear_inputs
-from qoq.passes.clip import Clip, ClipOptions, OutputError, search_clip_ratios
+from qoq.passes.capture import OutputError
+from qoq.passes.clip import Clip, ClipOptions, search_clip_ratios
 from qoq.quant.weights import quantize_progressive, quantize_weight
 from qoq.recipe import parse_recipe
 

@@ -4,7 +4,7 @@ import warnings
 import pytest
 import torch
 
-from qoq.passes.hadamard import (hadamard, hadamard_plan, integer_hadamard, paley1, paley2, prime_power,
+from qoq.passes.hadamard import (hadamard, hadamard_rotation, hadamard_plan, integer_hadamard, paley1, paley2, prime_power,
                                  random_orthogonal, sylvester)
 
 
@@ -70,7 +70,7 @@ def test_large_sizes_are_orthogonal(n, kind):
     expected = torch.zeros(64, n, dtype=torch.float64)
     expected[torch.arange(64), rows] = 1.0
     assert (gram - expected).abs().max() < 1e-12
-    assert hadamard(n)[0] is h  # cached
+    assert hadamard_rotation(n)[0] is hadamard_rotation(n)[0]  # cached
 
 
 def test_11008_uses_the_gf343_paley_core():
@@ -91,3 +91,18 @@ def test_fallback_is_seeded_orthogonal_and_warns_every_time():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         hadamard(576)  # a constructible size never warns
+
+
+@pytest.mark.parametrize("n", [576, 640, 4096, 92])
+def test_factored_rotation_equals_the_dense_matrix(n):
+    """x·R and Rᵀ·w applied factor by factor (4096 = 64·64) equal the dense products."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # 92: the random fallback, a single dense factor
+        rotation, _ = hadamard_rotation(n, seed=1)
+    dense = rotation.dense()
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(3, 5, n, generator=g), torch.randn(n, 7, generator=g)
+    assert (rotation.right(x) - x.double() @ dense).abs().max() < 1e-12
+    assert (rotation.left_transposed(w) - dense.T @ w.double()).abs().max() < 1e-12
+    if n == 4096:
+        assert [f.shape[0] for f in rotation.factors] == [64, 64]
