@@ -7,7 +7,8 @@
    Llama-2-7B (32 heads, D 128) and Llama-3-8B (32/8 GQA), with achieved TB/s (KV4 bytes incl.
    scales/zeros) against a measured device-to-device copy;
 3. KV4 write throughput and prefill attention at 64 x 1024 tokens next to SDPA.
-Timing: CUDA events, median of REPS runs after warm-up, L2 flushed before each run (DESIGN §6).
+Timing (DESIGN §6, CUDA events, median of REPS): decode as CUDA-graph replays over rotating input sets
+(> 3x L2, so every call reads HBM; no host overhead); write and prefill with L2 flushed before each run.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from qoq.runtime_cuda import attention_reference as ref
 
 MODELS = {"llama2-7b": (32, 32, 128), "llama3-8b": (32, 8, 128)}  # (Hq, Hkv, D)
 BATCHES, LENGTHS, REPS = (1, 16, 64, 256), (512, 1536, 4096), 40
+ROTATE_BYTES = 256 << 20  # decode input sets cycled per timing: > 3x the 60 MB L2
 _flush = None
 
 
@@ -128,45 +130,85 @@ def random_pool(num_pages, hkv, dim):
     return pool
 
 
+def graph_ms(calls: list) -> float:
+    """Median ms per call: the calls (one per input set) captured back to back in one CUDA graph,
+    REPS timed replays. No host overhead inside, and cycling the sets keeps L2 cold for each call."""
+    for call in calls:
+        call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for call in calls:
+            call()
+    for _ in range(3):
+        graph.replay()
+    times = []
+    for _ in range(REPS):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / len(calls))
+    return statistics.median(times)
+
+
+def n_sets(bytes_per_set: int) -> int:
+    return max(2, min(256, -(-ROTATE_BYTES // bytes_per_set)))
+
+
+def decode_sets(hq, hkv, dim, batch, length):
+    """Input sets (q, k_pool, v_pool, page_table) for KV4 decode, enough of them to exceed 3x L2."""
+    pages = math.ceil(length / 64)
+    sets = []
+    for _ in range(n_sets(2 * batch * pages * ref.page_bytes(hkv, dim))):
+        table = torch.randperm(batch * pages, device="cuda").int().view(batch, pages)
+        q = torch.randn(batch, hq, dim, device="cuda").half()
+        sets.append((q, random_pool(batch * pages, hkv, dim), random_pool(batch * pages, hkv, dim), table))
+    return sets
+
+
 def bench_decode(model, batch, length) -> dict:
     hq, hkv, dim = MODELS[model]
-    pages = math.ceil(length / 64)
-    k_pool, v_pool = random_pool(batch * pages, hkv, dim), random_pool(batch * pages, hkv, dim)
-    table = torch.randperm(batch * pages, device="cuda").int().view(batch, pages)
     seq_lens = torch.full((batch,), length, dtype=torch.int32, device="cuda")
-    q = torch.randn(batch, hq, dim, device="cuda").half()
     row = {"model": model, "batch": batch, "length": length}
     kv4_bytes = 2 * batch * hkv * length * (dim // 2 + 4)
-    row["kv4_ms"] = timed_ms(lambda: attention.decode_attention(q, k_pool, v_pool, table, seq_lens, length))
+    sets = decode_sets(hq, hkv, dim, batch, length)
+    row["kv4_sets"] = len(sets)
+    row["kv4_ms"] = graph_ms([lambda s=s: attention.decode_attention(s[0], s[1], s[2], s[3], seq_lens, length)
+                              for s in sets])
     row["kv4_tbps"] = kv4_bytes / row["kv4_ms"] / 1e9
-    del k_pool, v_pool
-    k = torch.randn(batch, hkv, length, dim, device="cuda").half()
-    v = torch.randn_like(k)
-    q4 = q[:, :, None]
-    row["sdpa_ms"] = timed_ms(lambda: F.scaled_dot_product_attention(q4, k, v, enable_gqa=hq != hkv))
+    del sets
+    fp16_bytes = 2 * batch * hkv * length * dim * 2
+    sets = [(torch.randn(batch, hq, 1, dim, device="cuda").half(),
+             torch.randn(batch, hkv, length, dim, device="cuda").half(),
+             torch.randn(batch, hkv, length, dim, device="cuda").half()) for _ in range(n_sets(fp16_bytes))]
+    row["sdpa_sets"] = len(sets)
+    row["sdpa_ms"] = graph_ms([lambda s=s: F.scaled_dot_product_attention(*s, enable_gqa=hq != hkv) for s in sets])
     if hq != hkv:  # the baseline is the faster of enable_gqa and K/V expanded to every query head
-        ke, ve = (x.repeat_interleave(hq // hkv, 1) for x in (k, v))
-        row["sdpa_expanded_ms"] = timed_ms(lambda: F.scaled_dot_product_attention(q4, ke, ve))
+        expanded = [(q, k.repeat_interleave(hq // hkv, 1), v.repeat_interleave(hq // hkv, 1)) for q, k, v in sets[:2]]
+        del sets
+        row["sdpa_expanded_ms"] = graph_ms([lambda s=s: F.scaled_dot_product_attention(*s) for s in expanded])
         row["sdpa_ms"] = min(row["sdpa_ms"], row["sdpa_expanded_ms"])
-        del ke, ve
-    row["sdpa_tbps"] = 2 * k.numel() * 2 / row["sdpa_ms"] / 1e9  # FP16 K+V bytes of the model
+        del expanded
+    row["sdpa_tbps"] = fp16_bytes / row["sdpa_ms"] / 1e9  # FP16 K+V bytes of the model
     row["splits"] = attention.split_plan(batch, hkv, length, torch.cuda.get_device_properties(0).multi_processor_count)[0]
-    del k, v
     return row
 
 
+SWEEP = [(1, 512), (1, 1536), (1, 4096), (16, 1536), (16, 4096)]  # (batch, length)
+
+
 def split_sweep() -> list[dict]:
+    """Decode time for every split count at the small batches where split_plan's choice matters."""
     rows = []
-    hq, hkv, dim = MODELS["llama3-8b"]
-    for batch, length in [(1, 1536), (1, 4096), (16, 1536), (16, 4096)]:
-        pages = math.ceil(length / 64)
-        pools = [random_pool(batch * pages, hkv, dim) for _ in range(2)]
-        table = torch.randperm(batch * pages, device="cuda").int().view(batch, pages)
+    for (model, (hq, hkv, dim)), (batch, length) in itertools.product(MODELS.items(), SWEEP):
         lens = torch.full((batch,), length, dtype=torch.int32, device="cuda")
-        q = torch.randn(batch, hq, dim, device="cuda").half()
-        for s in (1, 2, 4, 8, 16, 32, 64):
-            ms = timed_ms(lambda: attention.decode_attention(q, *pools, table, lens, length, num_splits=s))
-            rows.append({"batch": batch, "length": length, "splits": s, "ms": ms})
+        sets = decode_sets(hq, hkv, dim, batch, length)
+        for n in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64):
+            ms = graph_ms([lambda s=s: attention.decode_attention(s[0], s[1], s[2], s[3], lens, length, num_splits=n)
+                           for s in sets])
+            rows.append({"model": model, "batch": batch, "length": length, "splits": n, "ms": ms})
     return rows
 
 

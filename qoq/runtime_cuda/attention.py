@@ -17,6 +17,7 @@ from qoq.runtime_cuda.build import load_extension
 
 SOURCES = ("attention_decode_kv4.cu", "kv_rope_write.cu", "attention_bindings.cu")
 MAX_SPLITS = 64  # the kernel's combine step holds one weight per split in shared memory
+SHORT_PAGES = 8
 _counters: dict[torch.device, torch.Tensor] = {}
 
 
@@ -31,11 +32,13 @@ def _num_sms(device_index: int) -> int:
 
 def split_plan(batch: int, num_kv_heads: int, max_seq_len: int, num_sms: int, num_splits: int | None = None):
     """-> (num_splits, pages_per_split). Without num_splits: about one (sequence, KV head, split) CTA
-    per SM when the batch alone gives fewer, each split at least 3 pages (more splits cost more
-    partial results and a longer merge; swept on H200, see bench/results/attention_h200.json)."""
+    per SM when the batch alone gives fewer; a split of a short sequence (<= SHORT_PAGES pages) is one
+    page, longer ones get at least 3 pages each (more splits cost more partial results and a longer
+    merge; swept on H200: split_sweep in bench/results/attention_h200.json)."""
     max_pages = max(1, math.ceil(max_seq_len / PAGE_TOKENS))
     if num_splits is None:
-        num_splits = min(math.ceil(num_sms / (batch * num_kv_heads)), math.ceil(max_pages / 3))
+        min_pages = 1 if max_pages <= SHORT_PAGES else 3
+        num_splits = min(math.ceil(num_sms / (batch * num_kv_heads)), math.ceil(max_pages / min_pages))
     num_splits = max(1, min(num_splits, MAX_SPLITS, max_pages))
     pages_per_split = math.ceil(max_pages / num_splits)
     return math.ceil(max_pages / pages_per_split), pages_per_split

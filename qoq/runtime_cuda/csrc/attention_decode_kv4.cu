@@ -2,8 +2,8 @@
 //
 // One CTA per (split of the KV length, KV head, sequence); all G <= 8 query heads of the KV head
 // share it, so each K/V byte is read once. Each warp walks chunks of 16*256/D tokens through a
-// ring of kStages lane-private shared-memory slots filled by cp.async, so several chunks' loads are
-// in flight without holding registers. Math runs on the tensor cores:
+// ring of kStages shared-memory slots (the page's bytes, swizzled) filled by 16-byte cp.async, so
+// several chunks' loads are in flight without holding registers. Math runs on the tensor cores:
 //   S[g, t] = sum_d q[g,d] * codeK[t,d]            (mma: A = Q rows g, B = exact fp16 codes)
 //   score   = scaleK[t] * (S - zeroK[t] * sum_d q[g,d])
 //   O[d, g] = sum_t codeV[t,d] * w[g,t] - sum_t w[g,t] * zeroV[t],  w = fp16(p * scaleV[t])
@@ -28,49 +28,58 @@ template <int D>
 struct Chunk {
   static constexpr int kBlocks = 256 / D;  // 16-token blocks per chunk (~4 KB of K+V per warp)
   static constexpr int kTokens = 16 * kBlocks;
+  static constexpr int kRow = D / 2;        // code bytes per token
   static constexpr int kKWords = D / 32;  // K code words per lane, per block and n-tile
   static constexpr int kVWords = D / 64;  // V code words per lane, per block and token
-  // one ring slot: lane-private code pieces stored [piece][lane] (conflict-free 4/8/16-byte
-  // accesses), then the 4 scale/zero vectors of each quad [block][ks,kz,vs,vz][quad], shared
-  static constexpr int kKPiece = D / 8, kVPiece = D / 16;
-  static constexpr int kVOffset = kBlocks * 2 * 32 * kKPiece;
-  static constexpr int kSOffset = kVOffset + kBlocks * 4 * 32 * kVPiece;
-  static constexpr int kSlotBytes = kSOffset + kBlocks * 4 * 4 * 8;
+  // one ring slot: the chunk's K codes and V codes as in the page (kTokens rows of D/2 bytes, 2 KB
+  // each, 16-byte pieces XOR-swizzled within 128 bytes so the fragment reads are conflict-free), then
+  // its four scale/zero vectors [ks, kz, vs, vz][kTokens] fp16
+  static constexpr int kCodeBytes = kTokens * kRow;  // 2048
+  static constexpr int kCodePieces = kCodeBytes / 16 / 32;  // 16-byte copies per lane, K or V
+  static constexpr int kVOffset = kCodeBytes;
+  static constexpr int kSOffset = 2 * kCodeBytes;
+  static constexpr int kVecPieces = kTokens * 2 / 16;  // 16-byte pieces per scale/zero vector
+  static constexpr int kSlotBytes = kSOffset + 4 * kTokens * 2;
   static constexpr int kStages = kRingBytes / (kWarps * kSlotBytes);  // 3 (D=128) or 2 (D=64)
+  static_assert(kCodeBytes == 2048 && 4 * kVecPieces <= 32, "one round of copies per lane");
   static_assert(kStages >= 2, "the ring needs two slots per warp");
   static_assert(kWarps * kMaxGroup * D * 4 <= kRingBytes, "the combine reuses the ring");
 };
 
-// Start copying one chunk (this lane's pieces) into a ring slot.
+// XOR of the 16-byte piece index within each 128 bytes of a code region, by token row: the
+// fragment reads (K: 8 rows x 16 B, or 4 rows x 8 B; V: rows 4q+e for q = 0..3) then hit 8
+// distinct pieces, i.e. all 32 banks, per phase.
+template <int D>
+__device__ __forceinline__ int swizzle(int row) {
+  if constexpr (D == 128) return 2 * ((row >> 2) & 3);
+  else return 4 * ((row >> 2) & 1) + 2 * ((row >> 3) & 1);
+}
+
+template <int D>
+__device__ __forceinline__ int code_offset(int row, int byte) {
+  const int linear = row * (D / 2) + byte;
+  return (linear & ~0x70) | ((((linear >> 4) & 7) ^ swizzle<D>(row)) << 4);
+}
+
+// Start copying one chunk into a ring slot: every copy is 16 bytes, each warp instruction 512
+// contiguous bytes of the page.
 template <int D>
 __device__ __forceinline__ void issue_chunk(uint32_t slot, const uint8_t* k_page, const uint8_t* v_page,
                                             int code_off, int scale_off, int zero_off, int tok0, int lane) {
   using C = Chunk<D>;
-  constexpr int kRow = D / 2;
-  const int quad = lane & 3, grp = lane >> 2;
+  const uint8_t* k_codes = k_page + code_off + tok0 * C::kRow;
+  const uint8_t* v_codes = v_page + code_off + tok0 * C::kRow;
 #pragma unroll
-  for (int blk = 0; blk < C::kBlocks; ++blk) {
-    const int t0 = tok0 + 16 * blk;
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int row = t0 + 4 * (grp >> 1) + (grp & 1) + 2 * j;
-      cp_async<C::kKPiece>(slot + ((blk * 2 + j) * 32 + lane) * C::kKPiece,
-                           k_page + code_off + row * kRow + quad * (D / 8));
-    }
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int row = t0 + 4 * quad + e;
-      cp_async<C::kVPiece>(slot + C::kVOffset + ((blk * 4 + e) * 32 + lane) * C::kVPiece,
-                           v_page + code_off + row * kRow + grp * (D / 16));
-    }
-    if (grp == 0) {  // one copy per quad; the other lanes read it after a __syncwarp
-      const int so = (t0 + 4 * quad) * 2;
-      const uint32_t sdst = slot + C::kSOffset + (blk * 16 + quad) * 8;
-      cp_async<8>(sdst, k_page + scale_off + so);
-      cp_async<8>(sdst + 4 * 8, k_page + zero_off + so);
-      cp_async<8>(sdst + 8 * 8, v_page + scale_off + so);
-      cp_async<8>(sdst + 12 * 8, v_page + zero_off + so);
-    }
+  for (int i = 0; i < C::kCodePieces; ++i) {
+    const int linear = (i * 32 + lane) * 16;
+    const uint32_t dst = code_offset<D>(linear / C::kRow, linear % C::kRow);
+    cp_async<16>(slot + dst, k_codes + linear);
+    cp_async<16>(slot + C::kVOffset + dst, v_codes + linear);
+  }
+  if (lane < 4 * C::kVecPieces) {
+    const int a = lane / C::kVecPieces, piece = lane % C::kVecPieces;  // a: 0 ks, 1 kz, 2 vs, 3 vz
+    const uint8_t* src = (a < 2 ? k_page : v_page) + ((a & 1) ? zero_off : scale_off) + tok0 * 2 + piece * 16;
+    cp_async<16>(slot + C::kSOffset + lane * 16, src);
   }
 }
 
@@ -81,15 +90,20 @@ struct SlotReader {
   using C = Chunk<D>;
   const uint8_t* slot;
   int lane;
+  // K fragment: token row 4*(grp/2) + grp%2 + 2j of block blk, D/8 bytes at quad*D/8
   __device__ __forceinline__ void k(uint32_t (&w)[C::kKWords], int blk, int j) const {
-    read_words(w, slot + ((blk * 2 + j) * 32 + lane) * C::kKPiece);
+    const int grp = lane >> 2, quad = lane & 3;
+    const int row = 16 * blk + 4 * (grp >> 1) + (grp & 1) + 2 * j;
+    read_words(w, slot + code_offset<D>(row, quad * (D / 8)));
   }
+  // V fragment: token row 4*quad + e of block blk, D/16 bytes at grp*D/16
   __device__ __forceinline__ void v(uint32_t (&w)[C::kVWords], int blk, int e) const {
-    read_words(w, slot + C::kVOffset + ((blk * 4 + e) * 32 + lane) * C::kVPiece);
+    const int grp = lane >> 2, quad = lane & 3;
+    read_words(w, slot + C::kVOffset + code_offset<D>(16 * blk + 4 * quad + e, grp * (D / 16)));
   }
-  // scale/zero vector a (0 ks, 1 kz, 2 vs, 3 vz): 4 fp16 for tokens 4*quad + e
+  // scale/zero vector a (0 ks, 1 kz, 2 vs, 3 vz): 4 fp16 for tokens 4*quad + e of block blk
   __device__ __forceinline__ uint2 sz(int blk, int a) const {
-    return reinterpret_cast<const uint2*>(slot + C::kSOffset)[blk * 16 + a * 4 + (lane & 3)];
+    return *reinterpret_cast<const uint2*>(slot + C::kSOffset + a * C::kTokens * 2 + (16 * blk + 4 * (lane & 3)) * 2);
   }
 };
 
@@ -226,7 +240,7 @@ __global__ void __launch_bounds__(kThreads, 4) decode_kv4_kernel(const DecodePar
   const int tok_end = min(seq_len, tok_begin + p.pages_per_split * kPageTokens);
   const int n_chunks = tok_end > tok_begin ? (tok_end - tok_begin + C::kTokens - 1) / C::kTokens : 0;
 
-  constexpr int kRow = D / 2;
+  constexpr int kRow = C::kRow;
   const int H = p.num_kv_heads;
   const int code_off = head * kPageTokens * kRow;
   const int scale_off = H * kPageTokens * kRow + head * kPageTokens * 2;
@@ -257,7 +271,7 @@ __global__ void __launch_bounds__(kThreads, 4) decode_kv4_kernel(const DecodePar
 
   for (int i = 0; warp + i * kWarps < n_chunks; ++i) {
     cp_async_wait<C::kStages - 2>();  // chunk i has landed (groups complete in order)
-    __syncwarp();  // ... for every lane: scales were copied by lanes 0-3
+    __syncwarp();  // ... for every lane: each lane copied pieces that other lanes read
     issue(i + C::kStages - 1);  // refills the slot read in the previous iteration
     const SlotReader<D> c{ring + (i % C::kStages) * C::kSlotBytes, lane};
     attend_chunk<D>(c, qa, qsum, p.scale_log2, tok_begin + (warp + i * kWarps) * C::kTokens, seq_len, st, lane);
