@@ -114,7 +114,7 @@ __device__ __forceinline__ float half_at(uint2 v, int e) {
 
 template <int D>
 __device__ __forceinline__ void attend_chunk(const SlotReader<D>& c, const uint32_t (&qa)[D / 16][2],
-                                             float qsum, float scale_log2, int tok_base,
+                                             float qsum, float bias, float scale_log2, int tok_base,
                                              int seq_len, WarpState<D>& st, int lane) {
   constexpr int kBlocks = Chunk<D>::kBlocks;
   const int quad = lane & 3;
@@ -129,7 +129,7 @@ __device__ __forceinline__ void attend_chunk(const SlotReader<D>& c, const uint3
 #pragma unroll
       for (int w = 0; w < Chunk<D>::kKWords; ++w) {
         uint32_t b[4];
-        dequant8(kw[w], b);
+        biased_codes8(kw[w], b);  // odd d meet q/16 (load_query): every product is q * (1024 + n)
         mma_16816(acc[j], qa[2 * w][0], 0u, qa[2 * w][1], 0u, b[0], b[1]);
         mma_16816(acc[j], qa[2 * w + 1][0], 0u, qa[2 * w + 1][1], 0u, b[2], b[3]);
       }
@@ -138,7 +138,7 @@ __device__ __forceinline__ void attend_chunk(const SlotReader<D>& c, const uint3
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const float raw = acc[e >> 1][e & 1];
-      const float sc = (raw - half_at(kz, e) * qsum) * half_at(ks, e) * scale_log2;
+      const float sc = ((raw - bias) - half_at(kz, e) * qsum) * half_at(ks, e) * scale_log2;
       const bool valid = tok_base + 16 * blk + 4 * quad + e < seq_len;
       s[blk][e] = valid ? sc : -INFINITY;
     }
@@ -201,12 +201,15 @@ __device__ __forceinline__ void attend_chunk(const SlotReader<D>& c, const uint3
   }
 }
 
-// Query fragments (A operand, rows g = grp; rows 8..15 are zero) in the permuted d order.
+// Query fragments (A operand, rows g = grp; rows 8..15 are zero) in the permuted d order; the odd d
+// (which meet high nibbles, 1024 + 16 n) are divided by 16, exactly. Returns sum_d q_d; bias gets
+// sum_d q_d * 1024 over even d plus sum_d q_d * 64 over odd d, the biased codes' extra score.
 template <int D>
 __device__ __forceinline__ float load_query(const DecodeParams& p, int b, int head, int lane,
-                                            uint32_t (&qa)[D / 16][2]) {
+                                            uint32_t (&qa)[D / 16][2], float& bias) {
   const int quad = lane & 3, grp = lane >> 2;
-  float qsum = 0.f;
+  const half2 sixteenth = __float2half2_rn(0.0625f);
+  float qsum = 0.f, even = 0.f, odd = 0.f;
 #pragma unroll
   for (int w = 0; w < D / 32; ++w) {
     uint4 raw = make_uint4(0, 0, 0, 0);
@@ -219,13 +222,22 @@ __device__ __forceinline__ float load_query(const DecodeParams& p, int b, int he
 #pragma unroll
     for (int t = 0; t < 2; ++t) {
       qa[2 * w + t][0] = h2_bits(__halves2half2(h[2 * t], h[2 * t + 4]));
-      qa[2 * w + t][1] = h2_bits(__halves2half2(h[2 * t + 1], h[2 * t + 5]));
+      qa[2 * w + t][1] = h2_bits(__hmul2(__halves2half2(h[2 * t + 1], h[2 * t + 5]), sixteenth));
     }
 #pragma unroll
-    for (int i = 0; i < 8; ++i) qsum += __half2float(h[i]);
+    for (int i = 0; i < 8; i += 2) {
+      even += __half2float(h[i]);
+      odd += __half2float(h[i + 1]);
+    }
   }
-  qsum += __shfl_xor_sync(0xffffffffu, qsum, 1);
-  qsum += __shfl_xor_sync(0xffffffffu, qsum, 2);
+  qsum = even + odd;
+#pragma unroll
+  for (int x = 1; x <= 2; x <<= 1) {
+    qsum += __shfl_xor_sync(0xffffffffu, qsum, x);
+    even += __shfl_xor_sync(0xffffffffu, even, x);
+    odd += __shfl_xor_sync(0xffffffffu, odd, x);
+  }
+  bias = 1024.f * even + 64.f * odd;
   return qsum;
 }
 
@@ -263,7 +275,8 @@ __global__ void __launch_bounds__(kThreads, 4) decode_kv4_kernel(const DecodePar
   for (int i = 0; i < C::kStages - 1; ++i) issue(i);
 
   uint32_t qa[D / 16][2];
-  const float qsum = load_query<D>(p, b, head, lane, qa);
+  float bias;  // sum over d of q_d * (the bias of K code d), removed from every score
+  const float qsum = load_query<D>(p, b, head, lane, qa, bias);
   WarpState<D> st;
 #pragma unroll
   for (int i = 0; i < D / 16; ++i) st.o[i][0] = st.o[i][1] = st.o[i][2] = st.o[i][3] = 0.f;
@@ -274,7 +287,7 @@ __global__ void __launch_bounds__(kThreads, 4) decode_kv4_kernel(const DecodePar
     __syncwarp();  // ... for every lane: each lane copied pieces that other lanes read
     issue(i + C::kStages - 1);  // refills the slot read in the previous iteration
     const SlotReader<D> c{ring + (i % C::kStages) * C::kSlotBytes, lane};
-    attend_chunk<D>(c, qa, qsum, p.scale_log2, tok_begin + (warp + i * kWarps) * C::kTokens, seq_len, st, lane);
+    attend_chunk<D>(c, qa, qsum, bias, p.scale_log2, tok_begin + (warp + i * kWarps) * C::kTokens, seq_len, st, lane);
   }
   cp_async_wait<0>();
   __syncthreads();  // the ring becomes the combine's scratch

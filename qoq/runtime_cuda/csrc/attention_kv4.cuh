@@ -64,6 +64,21 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
 __device__ __forceinline__ uint32_t h2_bits(half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
 __device__ __forceinline__ half2 bits_h2(uint32_t u) { return *reinterpret_cast<half2*>(&u); }
 
+// 8 nibbles n0..n7 of x (n0 lowest) -> out[i] = half2 of codes i and i+4 as exact fp16 values with
+// a bias: (n | 0x6400) is the fp16 1024 + n, and a nibble at bits 4..7 gives 1024 + 16 n. Two logic
+// ops per 4 codes; the caller folds the scale 16 and the 1024 offsets into fp32 corrections. Fine
+// for K (8 MMAs per score); V's long fp32 MMA accumulations lost ~2e-3 to the bias, so V uses dequant8.
+//   out[0] = 1024 + (n0, n4)   out[1] = 1024 + 16 (n1, n5)   out[2] = 1024 + (n2, n6)   out[3] = 1024 + 16 (n3, n7)
+__device__ __forceinline__ void biased_codes8(uint32_t x, uint32_t (&out)[4]) {
+  constexpr uint32_t kMagic = 0x64006400u;
+  constexpr int kAndOr = (0xF0 & 0xCC) | 0xAA;  // (a & b) | c
+  out[0] = lop3<kAndOr>(x, 0x000f000fu, kMagic);
+  out[1] = lop3<kAndOr>(x, 0x00f000f0u, kMagic);
+  x >>= 8;
+  out[2] = lop3<kAndOr>(x, 0x000f000fu, kMagic);
+  out[3] = lop3<kAndOr>(x, 0x00f000f0u, kMagic);
+}
+
 // 8 nibbles n0..n7 of x (n0 lowest) -> out[i] = half2(n_i, n_{i+4}) as exact fp16 integers.
 // (n | 0x6400) is the fp16 1024 + n; a nibble at bits 4..7 gives 1024 + 16 n, fixed by an fma.
 __device__ __forceinline__ void dequant8(uint32_t x, uint32_t (&out)[4]) {
