@@ -149,20 +149,6 @@ def hadamard_plan(n: int) -> tuple[str, int, int] | None:
     return None
 
 
-def integer_hadamard(n: int) -> tuple[torch.Tensor, str] | None:
-    """A ±1 matrix H [n, n] fp64 with H·Hᵀ = n·I and its kind, or None (see `hadamard_plan`)."""
-    plan = hadamard_plan(n)
-    if plan is None:
-        return None
-    construction, k, two_power = plan
-    if construction == "sylvester":
-        return sylvester(n), f"sylvester({n})"
-    core = CORES[construction](k)  # [k, k]
-    if two_power == 1:
-        return core, f"{construction}({k})"
-    return torch.kron(core, sylvester(two_power)), f"{construction}({k})xsylvester({two_power})"
-
-
 def random_orthogonal(n: int, seed: int) -> torch.Tensor:
     """QR of a seeded Gaussian, with R's diagonal made positive (so Q is unique and Haar-distributed)."""
     g = torch.randn(n, n, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
@@ -217,17 +203,36 @@ def _sylvester_factors(n: int) -> list[torch.Tensor]:
     return factors or [sylvester(1)]
 
 
-@lru_cache(maxsize=8)
-def _cached(n: int, seed: int) -> tuple[KroneckerOrthogonal, str]:
+def _integer_factors(n: int) -> tuple[list[torch.Tensor], str] | None:
+    """±1 Hadamard matrices whose Kronecker product is a Hadamard matrix of order n (the Paley core,
+    then Sylvester factors of at most SYLVESTER_FACTOR), and its kind; None (see `hadamard_plan`)."""
     plan = hadamard_plan(n)
     if plan is None:
-        return KroneckerOrthogonal([random_orthogonal(n, seed)]), f"random-orthogonal(seed={seed})"
+        return None
     construction, k, two_power = plan
     if construction == "sylvester":
-        return KroneckerOrthogonal(_sylvester_factors(n), 1 / math.sqrt(n)), f"hadamard-sylvester({n})"
+        return _sylvester_factors(n), f"sylvester({n})"
     core = CORES[construction](k)  # [k, k]
-    kind = f"{construction}({k})" + (f"xsylvester({two_power})" if two_power > 1 else "")
-    factors = [core] + (_sylvester_factors(two_power) if two_power > 1 else [])
+    if two_power == 1:
+        return [core], f"{construction}({k})"
+    return [core, *_sylvester_factors(two_power)], f"{construction}({k})xsylvester({two_power})"
+
+
+def integer_hadamard(n: int) -> tuple[torch.Tensor, str] | None:
+    """A ±1 matrix H [n, n] fp64 with H·Hᵀ = n·I and its kind, or None (see `hadamard_plan`)."""
+    found = _integer_factors(n)
+    if found is None:
+        return None
+    factors, kind = found
+    return KroneckerOrthogonal(factors).dense(), kind
+
+
+@lru_cache(maxsize=8)
+def _cached(n: int, seed: int) -> tuple[KroneckerOrthogonal, str]:
+    found = _integer_factors(n)
+    if found is None:
+        return KroneckerOrthogonal([random_orthogonal(n, seed)]), f"random-orthogonal(seed={seed})"
+    factors, kind = found
     return KroneckerOrthogonal(factors, 1 / math.sqrt(n)), f"hadamard-{kind}"
 
 
