@@ -133,9 +133,6 @@ def write_artifact(
     overwrite: bool = False,
 ) -> Path:
     """Write tensors, config.json, copied files and qoq.json (with per-tensor SHA-256) to out_dir."""
-    clash = [k for k in RESERVED_KEYS if k in manifest]
-    if clash:  # checked before anything is written
-        raise ArtifactError(f"manifest may not set the reserved key(s) {', '.join(clash)}")
     with ArtifactWriter(out_dir, shard_bytes, overwrite) as writer:
         writer.add(tensors)
         return writer.finish(config, manifest, copy_files)
