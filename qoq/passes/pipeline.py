@@ -91,6 +91,42 @@ def _files_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _quantize_blocks(reader: CheckpointReader, cfg: ModelConfig, recipe: Recipe, passes: list, h: torch.Tensor,
+                     writer: ArtifactWriter, lm, show_progress: bool) -> tuple[list[dict], list[float]]:
+    """Load, transform, quantize and export each block in turn (its tensors go to writer), feeding the
+    next block what the quantized one computes from h [n, T, H]. Blocks are kept in lm unless it is None.
+    Returns the passes' records per block and each block's output relative error."""
+    positions = torch.arange(h.shape[1])
+    records, errors = [], []
+    bar = StepProgress(f"quantize {recipe.name}", cfg.num_layers * (len(passes) + 1),
+                       ("layer", "step", "error", "seconds", "RSS GiB"), show_progress)
+    with bar.running():
+        for i in range(cfg.num_layers):
+            t_block = time.perf_counter()
+            block = load_block(reader, cfg, i, dtype=torch.float32, device="cpu")
+            ctx = BlockContext(i, cfg, recipe, h, positions)
+            record, reference = {}, None
+            for p in passes:
+                if not p.exact and reference is None:
+                    reference = _run_block(block, h, positions)  # [n, T, H] float output, after exact passes
+                t_pass = time.perf_counter()
+                record[p.name] = p.apply(block, ctx)
+                bar.row(i, p.name, error_change(record[p.name]), time.perf_counter() - t_pass, rss_gib())
+            if reference is None:
+                reference = _run_block(block, h, positions)
+            records.append(record)
+            writer.add(block_tensors(block, ctx.quantized, f"model.layers.{i}"))
+            swap_quantized(block, ctx.quantized, recipe.format)
+            round_to_storage(block)
+            h = _run_block(block, h, positions)  # propagate what the quantized model computes
+            errors.append(_relative_error(h, reference))
+            if lm is not None:
+                lm.model.layers[i] = block
+            bar.row(i, "block out", f"{errors[-1]:.2e}", time.perf_counter() - t_block, rss_gib())
+            del block, reference
+    return records, errors
+
+
 def quantize_model(model: str, recipe: Recipe, output: Path, *, data_dir: Path | None = None,
                    overwrite: bool = False, keep_model: bool = False, show_progress: bool = True
                    ) -> QuantizeResult:
@@ -112,7 +148,6 @@ def quantize_model(model: str, recipe: Recipe, output: Path, *, data_dir: Path |
     model_ctx = ModelContext(cfg, recipe, recipe.calibration.seed)
     model_records = {p.name: p.prepare_model(lm, model_ctx) for p in passes}
     round_to_storage(lm)
-    positions = torch.arange(tokens.shape[1])
     with torch.inference_mode():
         h = torch.cat([lm.embed(tokens[i : i + CHUNK]) for i in range(0, len(tokens), CHUNK)])
 
@@ -122,33 +157,7 @@ def quantize_model(model: str, recipe: Recipe, output: Path, *, data_dir: Path |
         writer.add(model_tensors(lm, cfg))
         if not keep_model:
             lm = None  # embeddings and lm_head are exported: free their float copies before the blocks
-        records, errors = [], []
-        bar = StepProgress(f"quantize {recipe.name}", cfg.num_layers * (len(passes) + 1),
-                           ("layer", "step", "error", "seconds", "RSS GiB"), show_progress)
-        with bar.running():
-            for i in range(cfg.num_layers):
-                t_block = time.perf_counter()
-                block = load_block(reader, cfg, i, dtype=torch.float32, device="cpu")
-                ctx = BlockContext(i, cfg, recipe, h, positions)
-                record, reference = {}, None
-                for p in passes:
-                    if not p.exact and reference is None:
-                        reference = _run_block(block, h, positions)  # [n, T, H] float output, after exact passes
-                    t_pass = time.perf_counter()
-                    record[p.name] = p.apply(block, ctx)
-                    bar.row(i, p.name, error_change(record[p.name]), time.perf_counter() - t_pass, rss_gib())
-                if reference is None:
-                    reference = _run_block(block, h, positions)
-                records.append(record)
-                writer.add(block_tensors(block, ctx.quantized, f"model.layers.{i}"))
-                swap_quantized(block, ctx.quantized, recipe.format)
-                round_to_storage(block)
-                h = _run_block(block, h, positions)  # propagate what the quantized model computes
-                errors.append(_relative_error(h, reference))
-                if keep_model:
-                    lm.model.layers[i] = block
-                bar.row(i, "block out", f"{errors[-1]:.2e}", time.perf_counter() - t_block, rss_gib())
-                del block, reference
+        records, errors = _quantize_blocks(reader, cfg, recipe, passes, h, writer, lm, show_progress)
 
         summary = {
             "model": model, "recipe": recipe.name, "layers": cfg.num_layers,
