@@ -18,18 +18,22 @@ import itertools
 import json
 import math
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from qoq.runtime_cuda import attention
-from qoq.runtime_cuda import attention_reference as ref
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.timing import n_sets, time_graph  # noqa: E402
+from qoq.runtime_cuda import attention  # noqa: E402
+from qoq.runtime_cuda import attention_reference as ref  # noqa: E402
 
 MODELS = {"llama2-7b": (32, 32, 128), "llama3-8b": (32, 8, 128)}  # (Hq, Hkv, D)
 BATCHES, LENGTHS, REPS = (1, 16, 64, 256), (512, 1536, 4096), 40
-ROTATE_BYTES = 256 << 20  # decode input sets cycled per timing: > 3x the 60 MB L2
+MAX_SETS = 256  # decode sets are small at B=1: up to 256 of them to exceed L2
 _flush = None
 
 
@@ -131,37 +135,15 @@ def random_pool(num_pages, hkv, dim):
 
 
 def graph_ms(calls: list) -> float:
-    """Median ms per call: the calls (one per input set) captured back to back in one CUDA graph,
-    REPS timed replays. No host overhead inside, and cycling the sets keeps L2 cold for each call."""
-    for call in calls:
-        call()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for call in calls:
-            call()
-    for _ in range(3):
-        graph.replay()
-    times = []
-    for _ in range(REPS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / len(calls))
-    return statistics.median(times)
-
-
-def n_sets(bytes_per_set: int) -> int:
-    return max(2, min(256, -(-ROTATE_BYTES // bytes_per_set)))
+    """Median ms per call of graph-captured calls, one per input set (bench/timing.py)."""
+    return time_graph(calls, REPS) / 1000
 
 
 def decode_sets(hq, hkv, dim, batch, length):
     """Input sets (q, k_pool, v_pool, page_table) for KV4 decode, enough of them to exceed 3x L2."""
     pages = math.ceil(length / 64)
     sets = []
-    for _ in range(n_sets(2 * batch * pages * ref.page_bytes(hkv, dim))):
+    for _ in range(n_sets(2 * batch * pages * ref.page_bytes(hkv, dim), MAX_SETS)):
         table = torch.randperm(batch * pages, device="cuda").int().view(batch, pages)
         q = torch.randn(batch, hq, dim, device="cuda").half()
         sets.append((q, random_pool(batch * pages, hkv, dim), random_pool(batch * pages, hkv, dim), table))
@@ -182,7 +164,7 @@ def bench_decode(model, batch, length) -> dict:
     fp16_bytes = 2 * batch * hkv * length * dim * 2
     sets = [(torch.randn(batch, hq, 1, dim, device="cuda").half(),
              torch.randn(batch, hkv, length, dim, device="cuda").half(),
-             torch.randn(batch, hkv, length, dim, device="cuda").half()) for _ in range(n_sets(fp16_bytes))]
+             torch.randn(batch, hkv, length, dim, device="cuda").half()) for _ in range(n_sets(fp16_bytes, MAX_SETS))]
     row["sdpa_sets"] = len(sets)
     row["sdpa_ms"] = graph_ms([lambda s=s: F.scaled_dot_product_attention(*s, enable_gqa=hq != hkv) for s in sets])
     if hq != hkv:  # the baseline is the faster of enable_gqa and K/V expanded to every query head

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -28,6 +27,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.timing import n_sets, time_graph  # noqa: E402
 from qoq.quant.linear import export_linear  # noqa: E402
 from qoq.quant.weights import quantize_weight  # noqa: E402
 from qoq.runtime_cuda import quant_kernels, reference  # noqa: E402
@@ -43,7 +43,7 @@ MODELS = {  # (N, K) of qkv, o, gate_up, down; group size of the per-group recip
 }
 CHECK_M = [1, 7, 16, 33, 64, 128, 255, 512, 1024, 4096]
 BENCH_M = [1, 16, 64, 128, 256, 512, 1024, 2048]
-ROTATE_BYTES = 256 << 20  # input sets cycled per timing: > 3x the 60 MB L2
+MAX_SETS = 64  # input sets cycled per timing (bench/timing.py)
 INT8_PEAK_TOPS = 1979.0  # H100/H200 SXM dense INT8 tensor-core datasheet rate
 DEV = "cuda"
 
@@ -117,34 +117,8 @@ def check_fused() -> list[dict]:
     return rows
 
 
-def time_graph(calls: list) -> float:
-    """Median µs per call: all calls (one per input set) captured in one CUDA graph, 40 timed replays."""
-    for call in calls:
-        call()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for call in calls:
-            call()
-    for _ in range(5):
-        graph.replay()
-    times = []
-    for _ in range(40):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / len(calls))
-    return statistics.median(times)
-
-
-def n_sets(bytes_per_set: int) -> int:
-    return max(2, min(64, -(-ROTATE_BYTES // bytes_per_set)))
-
-
 def w4a8_calls(m, n, k, group, variant):
-    sets = n_sets(n * k // 2 + m * k)
+    sets = n_sets(n * k // 2 + m * k, MAX_SETS)
     calls = []
     for _ in range(sets):
         qw = torch.randint(-128, 128, (n, k // 2), dtype=torch.int8, device=DEV)
@@ -164,7 +138,7 @@ def baseline_calls(kind, m, n, k):
     # cuBLASLt INT8 needs M > 16 and FP8 M % 16 == 0: smaller M run padded (noted in the record)
     m_run = max(m, 32) if kind == "int8" else (-(-m // 16) * 16 if kind == "fp8" else m)
     calls = []
-    for _ in range(n_sets(n * k * elem + m_run * k * elem)):
+    for _ in range(n_sets(n * k * elem + m_run * k * elem, MAX_SETS)):
         if kind == "fp16":
             x, w = torch.randn(m_run, k, device=DEV).half(), torch.randn(n, k, device=DEV).half()
             calls.append(lambda x=x, w=w: F.linear(x, w))
