@@ -32,7 +32,7 @@ from qoq.quant.linear import export_linear  # noqa: E402
 from qoq.quant.weights import quantize_weight  # noqa: E402
 from qoq.runtime_cuda import quant_kernels, reference  # noqa: E402
 from qoq.runtime_cuda.gemm import (  # noqa: E402
-    GEMV_MAX_M, VARIANTS, auto_variant, extension, w4a8_accumulators, w4a8_gemm,
+    GEMV_MAX_M, VARIANTS, auto_variant, extension, is_hopper, w4a8_accumulators, w4a8_gemm,
 )
 
 MODELS = {  # (N, K) of qkv, o, gate_up, down; group size of the per-group recipe
@@ -52,13 +52,16 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
+SELECTED = list(VARIANTS)  # --variants narrows this (a tuning run)
+
+
 def variants_for(m: int) -> list[str]:
-    return [v for v in VARIANTS if not v.startswith("gemv") or m <= GEMV_MAX_M]
+    return [v for v in SELECTED if not v.startswith("gemv") or m <= GEMV_MAX_M]
 
 
 def bench_variants_for(m: int) -> list[str]:
-    """Timed variants: at M <= 16 the tiled kernels (>= 2x slower than gemv in every sweep) are skipped."""
-    return [v for v in VARIANTS if v.startswith("gemv")] if m <= 16 else variants_for(m)
+    """Timed variants: at M <= 16 only the GEMVs (the MMA kernels were >= 2x slower there in every sweep)."""
+    return [v for v in variants_for(m) if v.startswith("gemv")] if m <= 16 else variants_for(m)
 
 
 def check_gemm(model: str, n: int, k: int, group: int) -> list[dict]:
@@ -165,13 +168,13 @@ def bench_shape(n, k, m, group) -> list[dict]:
     return rows
 
 
-def with_auto(bench: list[dict], multiprocessors: int) -> list[dict]:
+def with_auto(bench: list[dict], multiprocessors: int, hopper: bool) -> list[dict]:
     """Add, for each w4a8 (method, shape, M), the row of the variant auto_variant picks."""
     rows = [r for r in bench if r.get("variant") != "auto"]
     for r in list(rows):
         if r["method"].startswith("w4a8"):
             group = -1 if r["method"] == "w4a8_pc" else int(r["method"][6:])
-            if r["variant"] == auto_variant(r["m"], r["n"], group, multiprocessors):
+            if r["variant"] == auto_variant(r["m"], r["n"], group, multiprocessors, hopper):
                 rows.append(dict(r, variant="auto", chosen=r["variant"]))
     return rows
 
@@ -239,6 +242,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path)
     parser.add_argument("--skip-check", action="store_true")
+    parser.add_argument("--variants", help="comma-separated kernel variants to check and time (default: all)")
+    parser.add_argument("--bench-m", help="comma-separated M values to time (default: %s)" % BENCH_M)
     parser.add_argument("--resummarize", type=Path, help="recompute auto rows and summary of a results JSON")
     parser.add_argument("--profile", nargs=5, metavar=("N", "K", "M", "GROUP", "VARIANT"),
                         help="only run one GEMM a few times (for ncu) and exit")
@@ -252,7 +257,7 @@ def main() -> None:
     if args.resummarize:
         result = json.loads(args.resummarize.read_text())
         meta = {k: v for k, v in result.items() if k not in ("summary", "bench", "correctness_gemm", "correctness_fused")}
-        bench = with_auto(result["bench"], result["multiprocessors"])
+        bench = with_auto(result["bench"], result["multiprocessors"], result["hopper"])
         save(args.resummarize.parent, meta, bench, result["correctness_gemm"], result["correctness_fused"],
              gpu=result["summary"]["gpu"])
         plot(bench, args.resummarize.with_suffix(".png"), result["summary"]["gpu"])
@@ -260,6 +265,12 @@ def main() -> None:
         return
     if args.out is None:
         parser.error("--out is required")
+    if args.variants:
+        unknown = set(args.variants.split(",")) - set(VARIANTS)
+        if unknown:
+            parser.error(f"unknown variants {sorted(unknown)}; known: {sorted(VARIANTS)}")
+        SELECTED[:] = args.variants.split(",")
+    bench_m = [int(m) for m in args.bench_m.split(",")] if args.bench_m else BENCH_M
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     extension()
@@ -269,20 +280,22 @@ def main() -> None:
     torch.cuda.empty_cache()
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
+    hopper = is_hopper(torch.device(DEV))
     ceil = ceilings()
     print(f"ceilings {ceil}", flush=True)
     bench: list[dict] = []
-    meta = dict(command="python bench/gemm_h200.py --out $OUT", torch=torch.__version__, build_s=round(build_s, 1),
-                ceilings=ceil, multiprocessors=sms)
+    meta = dict(command="python bench/gemm_h200.py " + " ".join(
+        "$OUT" if a == str(args.out) else a for a in sys.argv[1:]), torch=torch.__version__, build_s=round(build_s, 1),
+                ceilings=ceil, multiprocessors=sms, hopper=hopper)
     executor_check = args.out / "executor_check.json"  # bench/executor_cuda_check.py, run before
     if executor_check.exists():
         meta["executor_check"] = json.loads(executor_check.read_text())
     gemm_rows, fused_rows = [], []
     save(args.out, meta, bench, gemm_rows, fused_rows)  # partial results survive a timeout
     for n, k in MODELS["llama2-7b"][0]:
-        for m in BENCH_M:
+        for m in bench_m:
             rows = bench_baselines(n, k, m) + bench_shape(n, k, m, 128) + bench_shape(n, k, m, -1)
-            bench = with_auto(bench + rows, sms)
+            bench = with_auto(bench + rows, sms, hopper)
             torch.cuda.empty_cache()
             line = " ".join(f"{r['method']}{':' + r['variant'] if 'variant' in r else ''}={r['us']:.1f}"
                             for r in rows if "us" in r)

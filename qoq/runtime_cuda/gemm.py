@@ -15,9 +15,11 @@ from qoq.runtime_cuda.build import load_extension
 SOURCES = ("gemm_w4a8.cu", "quant_act.cu", "gemm_bindings.cpp")
 # The kernels: split-K GEMVs (M <= 64; 8 or 16 warps per 32 columns) and tiled MMA kernels with
 # 64- or 128-row blocks; the "w" tiled kernels use 4 warps with BM x 32 warp tiles, so each weight
-# fragment is dequantized once per block. Tiled grids below one wave split K (int32 partial sums
-# added atomically).
-VARIANTS = {"gemv": 1, "gemv16": 6, "tiled64": 2, "tiled128": 3, "tiled128w": 4, "tiled64w": 5}
+# fragment is dequantized once per block; the "wg" kernels (Hopper only) use wgmma with the weights as
+# the register operand, named by block tile (channels x tokens). Grids below one wave split K (int32
+# partial sums added atomically).
+VARIANTS = {"gemv": 1, "gemv16": 6, "tiled64": 2, "tiled128": 3, "tiled128w": 4, "tiled64w": 5,
+            "wg128x64": 7, "wg128x128": 8, "wg64x64": 9}
 GEMV_MAX_M = 64
 
 
@@ -35,17 +37,37 @@ def checked(result):
 
 
 @lru_cache(maxsize=None)
+def is_hopper(device: torch.device) -> bool:
+    return torch.cuda.get_device_capability(device)[0] == 9
+
+
+@lru_cache(maxsize=None)
 def _multiprocessors(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def auto_variant(m: int, n: int, group: int, multiprocessors: int) -> str:
+def auto_variant(m: int, n: int, group: int, multiprocessors: int, hopper: bool = False) -> str:
     """Kernel for an [M, K] x [K, N] product (chosen from bench/gemm_h200.py's variant sweep)."""
     gemv_ok = group in (-1, 64, 128)  # the GEMV kernels are compiled for these group sizes
     if gemv_ok and m <= 16 and n // 32 <= multiprocessors:
         return "gemv16"  # one wave of 32-column blocks: 16 warps each keep more loads in flight
     if gemv_ok and (m <= 32 or (m <= GEMV_MAX_M and n <= 4096)):
         return "gemv"
+    if hopper:
+        # Fewest waves (blocks / (blocks per SM x SMs), rounded up), each weighted by a wave's time
+        # relative to wg128x64's (fit to bench/gemm_h200.py's sweep on the H200, K = 4096; per-channel
+        # weights dequantize faster, so the larger tiles' waves weigh more there). Only tiles that fill
+        # the chip unsplit: their split-K atomics cost more than the tiled kernels'.
+        per_channel = group == -1
+        waves = {"wg128x128": (128, 128, 2, 1.25 if per_channel else 1.13), "wg128x64": (128, 64, 3, 1.0),
+                 "wg64x64": (64, 64, 4, 0.76 if per_channel else 0.86)}
+        options = []
+        for variant, (rows, tokens, per_sm, cost) in waves.items():
+            blocks = -(-m // tokens) * -(-n // rows)
+            if blocks >= multiprocessors:
+                options.append((-(-blocks // (per_sm * multiprocessors)) * cost, variant))
+        if options:
+            return min(options)[1]
     # Below ~2 waves of 128x128 tiles, 64-row blocks (split K when under one wave); beyond, 128-row
     # blocks, dequantizing each weight fragment once per block where dequantization costs most.
     blocks128 = -(-m // 128) * -(-n // 128)
@@ -57,12 +79,15 @@ def auto_variant(m: int, n: int, group: int, multiprocessors: int) -> str:
 def _variant_id(variant: str, qx: torch.Tensor, n: int, group: int) -> int:
     m = qx.shape[0]
     if variant == "auto":
-        variant = auto_variant(m, n, group, _multiprocessors(qx.device))
+        variant = auto_variant(m, n, group, _multiprocessors(qx.device), is_hopper(qx.device))
     if variant not in VARIANTS:
         raise ValueError(f"unknown GEMM variant {variant!r}; choose 'auto' or one of {sorted(VARIANTS)}")
     if variant.startswith("gemv") and (m > GEMV_MAX_M or group not in (-1, 64, 128)):
         raise ValueError(f"the {variant} variant handles M <= {GEMV_MAX_M} and groups of 64 or 128, "
                          f"got M={m}, group={group}")
+    if variant.startswith("wg") and not is_hopper(qx.device):
+        raise ValueError(f"the {variant} variant (wgmma) needs a Hopper GPU (sm_90), "
+                         f"got sm_{''.join(map(str, torch.cuda.get_device_capability(qx.device)))}")
     return VARIANTS[variant]
 
 
@@ -87,8 +112,8 @@ def _operands(qx: torch.Tensor, qweight: torch.Tensor, s2_scales, s2_zeros) -> t
     (m, k), n = qx.shape, qweight.shape[0]
     if qweight.shape[1] * 2 != k:
         raise ValueError(f"qweight {tuple(qweight.shape)} does not match K={k} of qx")
-    if k % 32 or n % 32:
-        raise ValueError(f"N and K must be multiples of 32, got N={n}, K={k}")
+    if k % 32 or n % 32 or k == 0:
+        raise ValueError(f"N and K must be multiples of 32 (K > 0), got N={n}, K={k}")
     qweight = qweight.view(torch.int8)
     _require(qx, "qx", torch.int8, (m, k))
     _require(qweight, "qweight", torch.int8, (n, k // 2))

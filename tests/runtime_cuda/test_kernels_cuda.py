@@ -6,7 +6,7 @@ import torch
 from qoq.quant.linear import IntegerLinear, export_linear
 from qoq.quant.weights import quantize_weight
 from qoq.runtime_cuda import quant_kernels
-from qoq.runtime_cuda.gemm import w4a8_accumulators, w4a8_gemm
+from qoq.runtime_cuda.gemm import VARIANTS, is_hopper, w4a8_accumulators, w4a8_gemm
 from qoq.runtime_cuda.linear import CudaW4A8Linear
 from qoq.runtime_cuda.reference import (
     reference_accumulators,
@@ -37,7 +37,9 @@ def _gemm_args(t: dict) -> dict:
 
 
 TILED = ["tiled64", "tiled128", "tiled128w", "tiled64w"]
-VARIANTS_BY_M = {m: (["gemv", "gemv16", *TILED] if m <= 64 else TILED) for m in (1, 5, 16, 17, 33, 64, 100)}
+WGMMA = [v for v in VARIANTS if v.startswith("wg")] if torch.cuda.is_available() and is_hopper(torch.device(DEV)) else []
+VARIANTS_BY_M = {m: (["gemv", "gemv16", *TILED, *WGMMA] if m <= 64 else TILED + WGMMA)
+                 for m in (1, 5, 16, 17, 33, 64, 100, 300)}
 
 
 # N=96 leaves a partial 128-column tile; K=288 per channel leaves a 32-wide K tail; K=2048 and
@@ -62,6 +64,27 @@ def test_gemm_accumulators_exact_and_outputs_close(group_size, n, k):
             assert torch.isfinite(y).all() and _rel(y, y_ref) < 1e-3, (m, variant)
 
 
+@pytest.mark.skipif(not WGMMA, reason="the wgmma kernels run on Hopper only")
+@pytest.mark.parametrize("group_size", [128, -1])
+def test_wgmma_accumulators_exact_over_repeats(group_size):
+    """A race shows as an error that moves between runs: fresh inputs many times, every wgmma variant."""
+    failures = {}
+    for n, k in ((96, 384), (512, 1024)):  # N=96: a partial block of channels
+        t = _artifact(n, k, group_size, seed=7)
+        s2 = {a: v for a, v in _gemm_args(t).items() if a.startswith("s2")}
+        for _ in range(10):
+            for m in (1, 37, 130, 300):
+                qx = torch.randint(-127, 128, (m, k), dtype=torch.int8, device=DEV)
+                acc_ref = reference_accumulators(qx, t["w.qweight"], **s2)
+                for variant in WGMMA:
+                    acc = torch.full((m, n), -(2**31), dtype=torch.int32, device=DEV)
+                    w4a8_accumulators(qx, t["w.qweight"], out=acc, variant=variant, **s2)
+                    bad = int((acc.long() != acc_ref).sum())
+                    if bad:
+                        failures.setdefault(variant, []).append((n, k, m, bad))
+    assert not failures, failures
+
+
 def test_gemm_rejects_bad_shapes():
     t = _artifact(64, 256, 128, seed=0)
     s2 = {"s2_scales": t["w.s2_scales"], "s2_zeros": t["w.s2_zeros"]}
@@ -69,7 +92,7 @@ def test_gemm_rejects_bad_shapes():
         w4a8_accumulators(torch.zeros(4, 224, dtype=torch.int8, device=DEV), t["w.qweight"], **s2)
     qx = torch.zeros(4, 256, dtype=torch.int8, device=DEV)
     with pytest.raises(ValueError, match="variant"):
-        w4a8_accumulators(qx, t["w.qweight"], variant="wgmma", **s2)
+        w4a8_accumulators(qx, t["w.qweight"], variant="tiled256", **s2)
 
 
 def test_bad_arguments_raise_before_reaching_the_extension():

@@ -3,6 +3,7 @@
 // On the device (torch 2.11 + CUDA 13, gVisor) both a TORCH_CHECK failure and this error return
 // still ended in a segfault, cause unknown; qoq.runtime_cuda.gemm / quant_kernels therefore check
 // every argument in Python first, and the messages here avoid iostreams (c10::str).
+#include <ATen/cuda/CUDAContext.h>
 #include <torch/extension.h>
 
 #include <string>
@@ -51,12 +52,14 @@ Problem check_gemm(qoq_gemm::GemmParams& p, const at::Tensor& qx, const Opt& s_x
   if (qx.dim() != 2 || qweight.dim() != 2) return "qx must be [M, K] and qweight [N, K/2]";
   const int64_t M = qx.size(0), K = qx.size(1), N = qweight.size(0);
   if (qweight.size(1) * 2 != K) return text("qweight [N, K/2] does not match K=", K, " of qx");
-  if (N % 32 || K % 32) return text("N and K must be multiples of 32, got N=", N, " K=", K);
+  if (N % 32 || K % 32 || K == 0) return text("N and K must be multiples of 32 (K > 0), got N=", N, " K=", K);
   const bool grouped = s2.has_value();
   if (grouped != s2_zeros.has_value()) return "s2_scales and s2_zeros come together (per-group weights)";
   if (grouped && szero.has_value()) return "give per-group (s2) or per-channel (szero) terms, not both";
-  if (variant < qoq_gemm::GEMV || variant > qoq_gemm::GEMV16)
-    return text("unknown GEMM variant ", variant, " (1 gemv, 2 tiled64, 3 tiled128, 4 tiled128w, 5 tiled64w, 6 gemv16)");
+  if (variant < qoq_gemm::GEMV || variant > qoq_gemm::LAST_VARIANT)
+    return text("unknown GEMM variant ", variant, " (see qoq/runtime_cuda/gemm.py's VARIANTS)");
+  if (variant >= qoq_gemm::WG128X64 && at::cuda::getDeviceProperties(qx.get_device())->major != 9)
+    return "the wgmma variants need a Hopper GPU (sm_90)";
   const bool gemv = variant == qoq_gemm::GEMV || variant == qoq_gemm::GEMV16;
   if (gemv && M > qoq_gemm::GEMV_MAX_M)
     return text("the gemv variant handles M <= ", qoq_gemm::GEMV_MAX_M, ", got M=", M);

@@ -10,6 +10,7 @@
 
 #include "gemm_w4a8_gemv.cuh"
 #include "gemm_w4a8_tiled.cuh"
+#include "gemm_w4a8_wgmma.cuh"
 
 namespace qoq_gemm {
 
@@ -24,17 +25,11 @@ static int k_splits(int blocks, int k_steps) {
   return std::max(1, std::min({wanted, k_steps / 4, 8}));
 }
 
-template <int BM, int WARPS_M, bool GROUPED>
-static void launch_tiled(GemmParams p, const at::Tensor& like, cudaStream_t stream) {
-  constexpr int smem = TiledSmem<BM>::TOTAL;
-  static bool configured = false;  // the >48 KB dynamic shared-memory opt-in, once per kernel
-  if (!configured) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(gemm_tiled_kernel<BM, WARPS_M, GROUPED>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    configured = true;
-  }
-  const int k_steps = (p.K + TILED_BK - 1) / TILED_BK;
-  const dim3 tiles((p.M + BM - 1) / BM, (p.N + TILED_BN - 1) / TILED_BN);
+// A grid of `tiles` blocks, `k_steps` long, launched with its K split (int32 partial sums added
+// atomically into a zeroed workspace, then the epilogue kernel) when the tiles alone fill < 1 wave.
+template <typename Kernel>
+static void launch_split(Kernel kernel, GemmParams p, dim3 tiles, int threads, int smem, int k_steps,
+                         const at::Tensor& like, cudaStream_t stream) {
   const int splits = k_splits(static_cast<int>(tiles.x * tiles.y), k_steps);
   p.split_steps = (k_steps + splits - 1) / splits;
   const int z = (k_steps + p.split_steps - 1) / p.split_steps;  // every split gets >= 1 k-step
@@ -43,23 +38,47 @@ static void launch_tiled(GemmParams p, const at::Tensor& like, cudaStream_t stre
     sums = at::zeros({p.M, p.N}, like.options().dtype(at::kInt));
     p.split_acc = sums.data_ptr<int32_t>();
   }
-  gemm_tiled_kernel<BM, WARPS_M, GROUPED><<<dim3(tiles.x, tiles.y, z), WARPS_M * 128, smem, stream>>>(p);
+  kernel<<<dim3(tiles.x, tiles.y, z), threads, smem, stream>>>(p);
   if (z > 1) {
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    const int pairs = p.M * p.N / 2, threads = 256;
-    split_epilogue_kernel<<<(pairs + threads - 1) / threads, threads, 0, stream>>>(p);
+    const int pairs = p.M * p.N / 2, per_block = 256;
+    split_epilogue_kernel<<<(pairs + per_block - 1) / per_block, per_block, 0, stream>>>(p);
   }
+}
+
+// The >48 KB dynamic shared-memory opt-in, once per kernel.
+template <typename Kernel>
+static void allow_smem(Kernel kernel, int smem, bool& configured) {
+  if (configured) return;
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  configured = true;
+}
+
+template <int BM, int WARPS_M, bool GROUPED>
+static void launch_tiled(const GemmParams& p, const at::Tensor& like, cudaStream_t stream) {
+  constexpr int smem = TiledSmem<BM>::TOTAL;
+  static bool configured = false;
+  allow_smem(gemm_tiled_kernel<BM, WARPS_M, GROUPED>, smem, configured);
+  const dim3 tiles((p.M + BM - 1) / BM, (p.N + TILED_BN - 1) / TILED_BN);
+  launch_split(gemm_tiled_kernel<BM, WARPS_M, GROUPED>, p, tiles, WARPS_M * 128, smem,
+               (p.K + TILED_BK - 1) / TILED_BK, like, stream);
+}
+
+template <int ROWS, int BT, int STAGES, bool GROUPED>
+static void launch_wgmma(const GemmParams& p, const at::Tensor& like, cudaStream_t stream) {
+  constexpr int smem = WgmmaSmem<ROWS, BT, STAGES>::TOTAL;
+  static bool configured = false;
+  allow_smem(gemm_wgmma_kernel<ROWS, BT, STAGES, GROUPED>, smem, configured);
+  const dim3 tiles((p.M + BT - 1) / BT, (p.N + ROWS - 1) / ROWS);
+  launch_split(gemm_wgmma_kernel<ROWS, BT, STAGES, GROUPED>, p, tiles, WG_THREADS, smem, (p.K + WG_BK - 1) / WG_BK,
+               like, stream);
 }
 
 template <int MT, int GROUP, int WARPS>
 static void launch_gemv(const GemmParams& p, cudaStream_t stream) {
   constexpr int smem = gemv_smem_bytes<MT, WARPS>();
   static bool configured = false;
-  if (!configured) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(gemm_gemv_kernel<MT, GROUP, WARPS>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    configured = true;
-  }
+  allow_smem(gemm_gemv_kernel<MT, GROUP, WARPS>, smem, configured);
   gemm_gemv_kernel<MT, GROUP, WARPS><<<p.N / 32, WARPS * 32, smem, stream>>>(p);
 }
 
@@ -92,6 +111,12 @@ static void dispatch(const GemmParams& p, Variant variant, const at::Tensor& lik
       return launch_tiled<128, 1, GROUPED>(p, like, stream);
     case TILED64_WIDE:
       return launch_tiled<64, 1, GROUPED>(p, like, stream);
+    case WG128X64:
+      return launch_wgmma<128, 64, 4, GROUPED>(p, like, stream);
+    case WG128X128:
+      return launch_wgmma<128, 128, 4, GROUPED>(p, like, stream);
+    case WG64X64:
+      return launch_wgmma<64, 64, 4, GROUPED>(p, like, stream);
   }
 }
 

@@ -13,6 +13,8 @@
 
 namespace qoq_gemm {
 
+constexpr int SCALE_SPAN = 64;  // staged kernels keep one s2/-z row per 64 k (every group size is a multiple)
+
 __device__ __forceinline__ void mma_s8_16832(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
       : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
@@ -66,6 +68,46 @@ __device__ __forceinline__ float epilogue(const GemmParams& p, int row, int col,
   if (p.szero != nullptr) y = __fsub_rn(y, __fmul_rn(p.xsum[row], __half2float(p.szero[col])));
   if (p.bias != nullptr) y = __fadd_rn(y, __half2float(p.bias[col]));
   return y;
+}
+
+// Eight neighbouring fp16 column terms (16-byte aligned) as floats.
+__device__ __forceinline__ void load_halves8(const __half* src, float (&v)[8]) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(src);
+  const __half2* h = reinterpret_cast<const __half2*>(&raw);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const float2 f = __half22float2(h[q]);
+    v[2 * q] = f.x;
+    v[2 * q + 1] = f.y;
+  }
+}
+
+// Eight neighbouring columns (col % 8 == 0) of one row: `epilogue`'s arithmetic, its column terms
+// read 16 bytes at a time; packed fp16 out.
+__device__ __forceinline__ uint4 epilogue8(const GemmParams& p, int row, int col, const int (&acc)[8]) {
+  const float sx = __half2float(p.s_x[row]);
+  float s1[8], y[8];
+  load_halves8(p.s1 + col, s1);
+#pragma unroll
+  for (int q = 0; q < 8; ++q) y[q] = __fmul_rn(__fmul_rn(static_cast<float>(acc[q]), sx), s1[q]);
+  if (p.szero != nullptr) {
+    const float xsum = p.xsum[row];
+    float szero[8];
+    load_halves8(p.szero + col, szero);
+#pragma unroll
+    for (int q = 0; q < 8; ++q) y[q] = __fsub_rn(y[q], __fmul_rn(xsum, szero[q]));
+  }
+  if (p.bias != nullptr) {
+    float bias[8];
+    load_halves8(p.bias + col, bias);
+#pragma unroll
+    for (int q = 0; q < 8; ++q) y[q] = __fadd_rn(y[q], bias[q]);
+  }
+  uint4 out;
+  __half2* h = reinterpret_cast<__half2*>(&out);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) h[q] = __floats2half2_rn(y[2 * q], y[2 * q + 1]);
+  return out;
 }
 
 // Two neighbouring columns (col even) of one row.

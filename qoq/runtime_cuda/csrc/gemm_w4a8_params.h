@@ -10,7 +10,11 @@ struct __half;  // cuda_fp16.h's fp16 type
 
 namespace qoq_gemm {
 
-enum Variant { GEMV = 1, TILED64 = 2, TILED128 = 3, TILED128_WIDE = 4, TILED64_WIDE = 5, GEMV16 = 6 };
+enum Variant {
+  GEMV = 1, TILED64 = 2, TILED128 = 3, TILED128_WIDE = 4, TILED64_WIDE = 5, GEMV16 = 6,
+  WG128X64 = 7, WG128X128 = 8, WG64X64 = 9,  // Hopper wgmma kernels, named by block: channels x tokens
+};
+constexpr int LAST_VARIANT = WG64X64;
 constexpr int GEMV_MAX_M = 64;
 constexpr int GROUP_MULTIPLE = 64;  // the tiled kernels read one s2/-z row per 64 k
 

@@ -11,7 +11,6 @@ constexpr int TILED_BN = 128;
 constexpr int TILED_BK = 128;  // long k-steps: more bytes in flight per barrier
 constexpr int TILED_STAGES = 4;
 constexpr int A_ROW_BYTES = TILED_BK + 16;  // padding makes ldmatrix's 8 rows hit distinct banks
-constexpr int SCALE_SPAN = 64;              // one s2/-z row per 64 k (every group size is a multiple)
 
 template <int BM>
 struct TiledSmem {

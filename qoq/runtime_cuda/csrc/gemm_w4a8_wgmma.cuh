@@ -1,0 +1,359 @@
+// The Hopper W4A8 GEMM for larger M: wgmma (sm_90a) with the weights as the register operand.
+//
+// D^T = W x X^T: the weights are A (64 channels per wgmma, from registers: each warp dequantizes
+// compute-order 32x32 tiles, whose lane bytes are exactly m16n8k32-shaped A fragments, rows 0-15
+// from the low nibbles and rows 16-31 from the high ones), the int8 activations are B (tokens as
+// wgmma's N, K-major in 128-byte swizzled shared memory, staged by cp.async). A block is one
+// warpgroup: ROWS = 128 channels (warp w: tile w, both nibble halves, two m64 wgmmas per k32) or
+// 64 (warp w: one nibble half of tile w/2, one wgmma), times BT tokens. The artifact is read as it
+// is: no repacking.
+#pragma once
+
+#include "gemm_w4a8.cuh"
+
+// wgmma exists only on sm_90a; elsewhere the kernel compiles to nothing and the host never picks it.
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define QOQ_HAS_WGMMA 1
+#else
+#define QOQ_HAS_WGMMA 0
+#endif
+
+namespace qoq_gemm {
+
+constexpr int WG_BK = 128;       // k per stage: one 128-byte swizzle row of activations per token
+constexpr int WG_THREADS = 128;  // one warpgroup
+
+template <int ROWS, int BT, int STAGES>
+struct WgmmaSmem {
+  static constexpr int ACT = BT * WG_BK;                        // [BT tokens][128 k], swizzled
+  static constexpr int W = ROWS * WG_BK / 2;                    // ROWS/32 n-tiles x 4 k-tiles x 512 B
+  static constexpr int SCALES = WG_BK / SCALE_SPAN * 2 * ROWS;  // per 64 k: s2 row, -z row
+  static constexpr int STAGE = (ACT + W + SCALES + 1023) / 1024 * 1024;  // swizzle atoms need 1 KB
+  static constexpr int TOTAL = STAGES * STAGE + 1024;            // + slack to align the base
+};
+
+#if QOQ_HAS_WGMMA
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(PENDING) : "memory");
+}
+// cp.async wrote the tiles through the generic proxy; wgmma reads them through the async one.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// Keeps the compiler from moving accumulators across the asynchronous wgmma window.
+template <int R>
+__device__ __forceinline__ void fence_operands(int (&d)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+r"(d[i])::"memory");
+}
+
+// Descriptor of a K-major operand in 128-byte swizzled rows: 8-row atoms 1024 bytes apart.
+__device__ __forceinline__ uint64_t sw128_desc(const void* smem) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  return static_cast<uint64_t>((addr & 0x3ffff) >> 4) | (uint64_t{1} << 16) | (uint64_t{1024 >> 4} << 32) |
+         (uint64_t{1} << 62);
+}
+
+// D[64 x 64] (+)= A (registers; s8, or u8 when A_UNSIGNED) x B (shared memory, s8, K-major), s32.
+template <bool A_UNSIGNED>
+__device__ __forceinline__ void wgmma_m64n64k32(int (&d)[32], const uint32_t (&a)[4], uint64_t desc_b, int accumulate) {
+#define QOQ_WGMMA_N64(ATYPE)                                                                          \
+  asm volatile(                                                                                      \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                                \
+      "wgmma.mma_async.sync.aligned.m64n64k32.s32." ATYPE ".s8 {"                                   \
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15," \
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"  \
+      "}, {%32, %33, %34, %35}, %36, p;\n}\n"                                                             \
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), \
+        "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), \
+        "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), \
+        "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]) \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate))
+  if constexpr (A_UNSIGNED) QOQ_WGMMA_N64("u8");
+  else QOQ_WGMMA_N64("s8");
+#undef QOQ_WGMMA_N64
+}
+
+// D[64 x 128] (+)= A (registers; s8, or u8 when A_UNSIGNED) x B (shared memory, s8, K-major), s32.
+template <bool A_UNSIGNED>
+__device__ __forceinline__ void wgmma_m64n128k32(int (&d)[64], const uint32_t (&a)[4], uint64_t desc_b, int accumulate) {
+#define QOQ_WGMMA_N128(ATYPE)                                                                          \
+  asm volatile(                                                                                      \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                                \
+      "wgmma.mma_async.sync.aligned.m64n128k32.s32." ATYPE ".s8 {"                                   \
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15," \
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31," \
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47," \
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"  \
+      "}, {%64, %65, %66, %67}, %68, p;\n}\n"                                                             \
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), \
+        "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), \
+        "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), \
+        "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]), \
+        "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]), \
+        "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]), \
+        "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]), \
+        "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63]) \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate))
+  if constexpr (A_UNSIGNED) QOQ_WGMMA_N128("u8");
+  else QOQ_WGMMA_N128("s8");
+#undef QOQ_WGMMA_N128
+}
+
+template <int BT, bool A_UNSIGNED>
+struct WgmmaOp;
+template <bool A_UNSIGNED>
+struct WgmmaOp<64, A_UNSIGNED> {
+  static __device__ __forceinline__ void run(int (&d)[32], const uint32_t (&a)[4], uint64_t desc, int accumulate) {
+    wgmma_m64n64k32<A_UNSIGNED>(d, a, desc, accumulate);
+  }
+};
+template <bool A_UNSIGNED>
+struct WgmmaOp<128, A_UNSIGNED> {
+  static __device__ __forceinline__ void run(int (&d)[64], const uint32_t (&a)[4], uint64_t desc, int accumulate) {
+    wgmma_m64n128k32<A_UNSIGNED>(d, a, desc, accumulate);
+  }
+};
+
+#endif  // QOQ_HAS_WGMMA
+
+// Per group the A fragments are W8 + 128 = q*s2 + (128 - z*s2) as u8, one IMAD per 4 weights:
+// q*s2 <= 255 and 128 - z*s2 >= 0 per byte, and their sum is W8 + 128 in [9, 247], so no byte
+// carries into the next. The wgmma then sums (W8 + 128)*x; 128 * (the token's sum of x over K)
+// comes off before the epilogue.
+template <int BLOCKS>
+struct BiasedScales {
+  uint32_t s2[BLOCKS];    // s2 of the warp's n8 blocks first, first+1, ...
+  uint32_t bias[BLOCKS];  // 128 - z*s2 of each in all four bytes
+};
+
+template <int BLOCKS>
+__device__ __forceinline__ BiasedScales<BLOCKS> unpack_biased_scales(uint32_t s2_word, uint32_t zero_word, int first) {
+  BiasedScales<BLOCKS> bs;
+#pragma unroll
+  for (int jj = 0; jj < BLOCKS; ++jj) {
+    const int j = first + jj;
+    bs.s2[jj] = (s2_word >> (8 * j)) & 0xffu;
+    bs.bias[jj] = __byte_perm(zero_word, 0, 0x1111 * j) ^ 0x80808080u;  // -z*s2 + 128 (mod 256), per byte
+  }
+  return bs;
+}
+
+// 16 packed bytes of one lane -> A fragments of the warp's H wgmmas (GROUPED: W8 + 128 as u8).
+// H = 2: both nibble halves (blocks 0-3); H = 1: the half `half` (blocks 2*half, 2*half + 1).
+template <bool GROUPED, int H>
+__device__ __forceinline__ void dequant_fragments(const uint4& packed, const BiasedScales<2 * H>& bs, int half,
+                                                  uint32_t (&a)[H][4]) {
+  const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
+#pragma unroll
+  for (int hh = 0; hh < H; ++hh) {
+    const int shift = 4 * (H == 2 ? hh : half);  // low / high nibbles: tile rows 0-15 / 16-31
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {  // fragment r: row g + 8*(r & 1) (n8 block 2*half + (r & 1)), k half r >> 1
+      const uint32_t q = (words[2 * (r >> 1) + (r & 1)] >> shift) & 0x0f0f0f0fu;
+      a[hh][r] = GROUPED ? q * bs.s2[2 * hh + (r & 1)] + bs.bias[2 * hh + (r & 1)] : q;
+    }
+  }
+}
+
+// What one thread copies into each stage, addresses worked out once (per k-step only k moves):
+// activation chunks of token rows 16 apart at one 16-byte column (chunk c of row r lands at chunk
+// c ^ (r % 8), the 128-byte swizzle), the block's n-tiles at one k-tile and lane, and for the first
+// threads one 16-byte chunk of an s2 / -z table row.
+template <int ROWS, int BT, bool GROUPED>
+struct StageLoader {
+  using S = WgmmaSmem<ROWS, BT, 1>;
+  static constexpr int K_TILES = WG_BK / 32, ROW_STEP = WG_THREADS / 8, ACT_CHUNKS = BT / ROW_STEP;
+  static constexpr int N_TILES = ROWS / 32;             // one chunk of each per thread
+  static constexpr int TABLE_CHUNKS = ROWS / 16;        // per table row
+  static constexpr int TABLE_THREADS = WG_BK / SCALE_SPAN * 2 * TABLE_CHUNKS;  // [span][s2 | -z][ROWS]
+
+  const int8_t* act;  // chunk 0 at k = 0
+  const uint8_t* w;   // n-tile 0 at k-step 0
+  size_t act_stride, w_stride;      // bytes from chunk j to j+1
+  int act_rows_left, w_tiles_left;  // chunk j is a real token / n-tile while j*step < these
+  int act_k, w_k_tile;
+  uint32_t act_dst, w_dst;
+
+  __device__ __forceinline__ StageLoader(const GemmParams& p, int m_base, int n_base) {
+    const int tid = threadIdx.x, r0 = tid >> 3, k_tiles = p.K / 32;
+    act_k = (tid & 7) * 16;
+    w_k_tile = (tid >> 5) % K_TILES;
+    act_rows_left = p.M - m_base - r0;
+    w_tiles_left = p.N / 32 - n_base / 32;
+    act = p.qx + (static_cast<size_t>(m_base + r0) * p.K + act_k);
+    act_stride = static_cast<size_t>(ROW_STEP) * p.K;
+    w = p.qweight + ((static_cast<size_t>(n_base / 32) * k_tiles + w_k_tile) * 512 + (tid & 31) * 16);
+    w_stride = static_cast<size_t>(k_tiles) * 512;
+    act_dst = r0 * WG_BK + (((tid & 7) ^ (r0 & 7)) << 4);  // ROW_STEP is a multiple of 8: same swizzle
+    w_dst = S::ACT + w_k_tile * 512 + (tid & 31) * 16;
+  }
+
+  __device__ __forceinline__ void load(const GemmParams& p, uint8_t* stage, int kt, int n_base) const {
+    const bool act_k_ok = kt * WG_BK + act_k < p.K, w_k_ok = kt * K_TILES + w_k_tile < p.K / 32;
+#pragma unroll
+    for (int j = 0; j < ACT_CHUNKS; ++j) {  // tokens past M and a K tail read zeros
+      const bool valid = act_k_ok && j * ROW_STEP < act_rows_left;
+      cp_async16(stage + act_dst + j * ROW_STEP * WG_BK, valid ? act + j * act_stride + kt * WG_BK : p.qx, valid);
+    }
+#pragma unroll
+    for (int j = 0; j < N_TILES; ++j) {
+      const bool valid = w_k_ok && j < w_tiles_left;
+      cp_async16(stage + w_dst + j * K_TILES * 512,
+                 valid ? w + j * w_stride + static_cast<size_t>(kt) * K_TILES * 512 : p.qweight, valid);
+    }
+    const int tid = threadIdx.x;
+    if (GROUPED && tid < TABLE_THREADS) {
+      const int span = tid / (2 * TABLE_CHUNKS), table_id = (tid / TABLE_CHUNKS) % 2;
+      const int8_t* table = table_id == 0 ? p.s2 : p.s2_zeros;
+      const int n = n_base + (tid % TABLE_CHUNKS) * 16, k = kt * WG_BK + span * SCALE_SPAN;
+      const bool valid = n < p.N && k < p.K;
+      cp_async16(stage + S::ACT + S::W + tid * 16, table + (valid ? static_cast<size_t>(k / p.group) * p.N + n : 0),
+                 valid);
+    }
+  }
+};
+
+#if QOQ_HAS_WGMMA
+// K-step i: refill the buffer of step i-1, dequantize all of this warp's fragments, issue its
+// wgmmas and wait for them. (Dequantizing the next k32 step while this one's wgmmas ran, waiting for
+// all but the latest group, was up to 13% faster and computed wrong sums for a 256x128 two-warpgroup
+// tile at N=96, K=288 on the H200, so the fragments are built first and each step drains.)
+template <int ROWS, int BT, int STAGES, bool GROUPED, int H, int ACC>
+__device__ __forceinline__ void wgmma_step(const GemmParams& p, const StageLoader<ROWS, BT, GROUPED>& loader,
+                                           uint8_t* smem, int i, int steps, int kt0, int n_base, int (&acc)[H][ACC],
+                                           int& token_sum) {
+  using S = WgmmaSmem<ROWS, BT, STAGES>;
+  constexpr int K_TILES = WG_BK / 32;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int tile = H == 2 ? warp : warp >> 1, half = warp & 1;  // half: only for H = 1
+  cp_async_wait<STAGES - 2>();
+  fence_proxy_async();
+  __syncthreads();  // stage i landed for all; every wgmma of step i-1 is done
+  const int next = i + STAGES - 1;
+  if (next < steps) loader.load(p, smem + (next % STAGES) * S::STAGE, kt0 + next, n_base);
+  cp_async_commit();
+
+  const uint8_t* stage = smem + (i % STAGES) * S::STAGE;
+  if constexpr (GROUPED) {  // this thread's share of its token's sum of x over the step
+    constexpr int PARTS = WG_THREADS / BT, CHUNKS = 8 / PARTS;
+    const int r = threadIdx.x % BT, part = threadIdx.x / BT;
+#pragma unroll
+    for (int cc = 0; cc < CHUNKS; ++cc) {
+      const int chunk = part * CHUNKS + cc;
+      const int4 x = *reinterpret_cast<const int4*>(stage + r * WG_BK + ((chunk ^ (r & 7)) << 4));
+      token_sum = __dp4a(x.x, 0x01010101, __dp4a(x.y, 0x01010101, __dp4a(x.z, 0x01010101, __dp4a(x.w, 0x01010101, token_sum))));
+    }
+  }
+  BiasedScales<2 * H> bs[WG_BK / SCALE_SPAN] = {};
+  if constexpr (GROUPED) {
+#pragma unroll
+    for (int span = 0; span < WG_BK / SCALE_SPAN; ++span) {
+      const uint8_t* scales = stage + S::ACT + S::W + span * 2 * ROWS + tile * 32 + 4 * (lane >> 2);
+      bs[span] = unpack_biased_scales<2 * H>(*reinterpret_cast<const uint32_t*>(scales),
+                                             *reinterpret_cast<const uint32_t*>(scales + ROWS), H == 2 ? 0 : 2 * half);
+    }
+  }
+  uint32_t a[K_TILES][H][4];  // [k32 step][wgmma]: rows g, g+8 x k 0-15, 16-31
+#pragma unroll
+  for (int kk = 0; kk < K_TILES; ++kk) {
+    const uint4 packed = *reinterpret_cast<const uint4*>(stage + S::ACT + (tile * K_TILES + kk) * 512 + lane * 16);
+    dequant_fragments<GROUPED, H>(packed, bs[kk * 32 / SCALE_SPAN], half, a[kk]);
+  }
+  const uint64_t desc = sw128_desc(stage);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < K_TILES; ++kk)
+#pragma unroll
+    for (int hh = 0; hh < H; ++hh)
+      WgmmaOp<BT, GROUPED>::run(acc[hh], a[kk][hh], desc + 2 * kk, i > 0 || kk > 0);  // +32 B of k
+  wgmma_commit();
+  wgmma_wait<0>();
+}
+#endif  // QOQ_HAS_WGMMA
+
+// Block: ROWS channels x BT tokens, one warpgroup.
+template <int ROWS, int BT, int STAGES, bool GROUPED>
+__global__ void __launch_bounds__(WG_THREADS) gemm_wgmma_kernel(const GemmParams p) {
+#if QOQ_HAS_WGMMA
+  constexpr int H = ROWS / 64, ACC = BT / 2;
+  extern __shared__ uint8_t smem_raw[];
+  // Offset (not an integer-to-pointer cast): the compiler then still knows these are shared loads.
+  uint8_t* smem = smem_raw + ((1024 - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023)) & 1023);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int m_base = blockIdx.x * BT, n_base = blockIdx.y * ROWS;
+  const int kt0 = blockIdx.z * p.split_steps;
+  const int steps = min(p.split_steps, (p.K + WG_BK - 1) / WG_BK - kt0);  // >= 1 (K > 0)
+
+  int acc[H][ACC];  // the first wgmma overwrites them (accumulate = 0): no other instruction writes them
+
+  // Stages are loaded STAGES - 1 steps ahead.
+  const StageLoader<ROWS, BT, GROUPED> loader(p, m_base, n_base);
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < steps) loader.load(p, smem + s * WgmmaSmem<ROWS, BT, STAGES>::STAGE, kt0 + s, n_base);
+    cp_async_commit();
+  }
+  int token_sum = 0;  // GROUPED: this thread's part of its token's sum of x (the u8 fragments' offset)
+  for (int i = 0; i < steps; ++i)
+    wgmma_step<ROWS, BT, STAGES, GROUPED, H>(p, loader, smem, i, steps, kt0, n_base, acc, token_sum);
+#pragma unroll
+  for (int hh = 0; hh < H; ++hh) fence_operands(acc[hh]);  // no read of them moves above the last wait
+
+  // The block's accumulators go through shared memory ([BT tokens][ROWS channels] int32, rows padded
+  // by 4 words: conflict-free), so that each thread then writes 8 consecutive channels of a token.
+  cp_async_wait<0>();
+  __syncthreads();  // every warp is done with the stages
+  constexpr int ROW = ROWS + 4, PARTS = WG_THREADS / BT;
+  static_assert((BT * ROW + PARTS * BT) * 4 <= STAGES * WgmmaSmem<ROWS, BT, STAGES>::STAGE, "epilogue tile");
+  int* tile = reinterpret_cast<int*>(smem);
+  int* token_sums = tile + BT * ROW;  // [PARTS][BT]
+  if constexpr (GROUPED) {
+    token_sums[threadIdx.x] = token_sum;  // = part * BT + token
+    __syncthreads();
+  }
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int j = 0; j < BT / 8; ++j)
+#pragma unroll
+    for (int x = 0; x < 2; ++x) {  // acc[hh][4j + 2e + x]: token 8j + 2t + x
+      const int token = 8 * j + 2 * t + x;
+      int offset = 0;  // GROUPED: the fragments held W8 + 128
+      if constexpr (GROUPED) {
+#pragma unroll
+        for (int part = 0; part < PARTS; ++part) offset += 128 * token_sums[part * BT + token];
+      }
+#pragma unroll
+      for (int hh = 0; hh < H; ++hh)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {  // channel 32*tile + 16*half + 8e + g
+          const int channel = (H == 2 ? 32 * warp + 16 * hh : 16 * warp) + 8 * e + g;
+          tile[token * ROW + channel] = acc[hh][4 * j + 2 * e + x] - offset;
+        }
+    }
+  __syncthreads();
+  for (int item = threadIdx.x; item < BT * ROWS / 8; item += WG_THREADS) {
+    const int r = item / (ROWS / 8), c8 = (item % (ROWS / 8)) * 8;
+    const int row = m_base + r, col = n_base + c8;
+    if (row >= p.M || col >= p.N) continue;  // N is a multiple of 32: all 8 columns or none
+    const int4 lo = *reinterpret_cast<const int4*>(tile + r * ROW + c8);
+    const int4 hi = *reinterpret_cast<const int4*>(tile + r * ROW + c8 + 4);
+    const int v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+    const size_t idx = static_cast<size_t>(row) * p.N + col;
+    if (p.split_acc != nullptr) {  // integer sums are exact in any order
+#pragma unroll
+      for (int q = 0; q < 8; ++q) atomicAdd(p.split_acc + idx + q, v[q]);
+    } else if (p.acc_out != nullptr) {
+      *reinterpret_cast<int4*>(p.acc_out + idx) = lo;
+      *reinterpret_cast<int4*>(p.acc_out + idx + 4) = hi;
+    } else {
+      *reinterpret_cast<uint4*>(p.out + idx) = epilogue8(p, row, col, v);
+    }
+  }
+#endif
+}
+
+}  // namespace qoq_gemm
