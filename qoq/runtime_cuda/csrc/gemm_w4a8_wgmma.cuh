@@ -122,8 +122,8 @@ struct WgmmaOp<128, A_UNSIGNED> {
 
 // Per group the A fragments are W8 + 128 = q*s2 + (128 - z*s2) as u8, one IMAD per 4 weights:
 // q*s2 <= 255 and 128 - z*s2 >= 0 per byte, and their sum is W8 + 128 in [9, 247], so no byte
-// carries into the next. The wgmma then sums (W8 + 128)*x; 128 * (the token's sum of x over K)
-// comes off before the epilogue.
+// carries into the next. The wgmma then sums (W8 + 128)*x (int32 holds it for K < 68000: 247*127*K);
+// 128 * (the token's sum of x over K) comes off before the epilogue.
 template <int BLOCKS>
 struct BiasedScales {
   uint32_t s2[BLOCKS];    // s2 of the warp's n8 blocks first, first+1, ...
