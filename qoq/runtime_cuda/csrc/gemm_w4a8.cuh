@@ -10,6 +10,7 @@
 #include <cuda_fp16.h>
 
 #include "gemm_w4a8_params.h"
+#include "half8.cuh"
 
 namespace qoq_gemm {
 
@@ -72,14 +73,7 @@ __device__ __forceinline__ float epilogue(const GemmParams& p, int row, int col,
 
 // Eight neighbouring fp16 column terms (16-byte aligned) as floats.
 __device__ __forceinline__ void load_halves8(const __half* src, float (&v)[8]) {
-  const uint4 raw = *reinterpret_cast<const uint4*>(src);
-  const __half2* h = reinterpret_cast<const __half2*>(&raw);
-#pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    const float2 f = __half22float2(h[q]);
-    v[2 * q] = f.x;
-    v[2 * q + 1] = f.y;
-  }
+  unpack_half8(*reinterpret_cast<const uint4*>(src), v);
 }
 
 // Eight neighbouring columns (col % 8 == 0) of one row: `epilogue`'s arithmetic, its column terms

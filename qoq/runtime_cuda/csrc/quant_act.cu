@@ -7,6 +7,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_fp16.h>
 
+#include "half8.cuh"
 #include "quant_act.cuh"
 
 namespace qoq_quant {
@@ -54,16 +55,6 @@ __device__ float block_reduce(float v, float* scratch) {
 
 __device__ __forceinline__ float round_to_half(float v) { return __half2float(__float2half_rn(v)); }
 
-__device__ __forceinline__ void unpack8(const uint4& v, float (&f)[8]) {
-  const half2* h = reinterpret_cast<const half2*>(&v);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 pair = __half22float2(h[i]);
-    f[2 * i] = pair.x;
-    f[2 * i + 1] = pair.y;
-  }
-}
-
 template <RowOp OP>
 __global__ void __launch_bounds__(THREADS) quant_rows_kernel(const QuantParams p) {
   extern __shared__ __align__(16) uint4 row_buf[];  // [K/8] fp16 GEMM inputs of this row
@@ -76,7 +67,7 @@ __global__ void __launch_bounds__(THREADS) quant_rows_kernel(const QuantParams p
     float sum_sq = 0.0f;
     for (int v = threadIdx.x; v < vecs; v += THREADS) {
       float f[8];
-      unpack8(x[v], f);
+      unpack_half8(x[v], f);
 #pragma unroll
       for (int e = 0; e < 8; ++e) sum_sq += f[e] * f[e];
     }
@@ -87,10 +78,10 @@ __global__ void __launch_bounds__(THREADS) quant_rows_kernel(const QuantParams p
   float abs_max = 0.0f, sum = 0.0f;
   for (int v = threadIdx.x; v < vecs; v += THREADS) {
     float f[8];
-    unpack8(x[v], f);
+    unpack_half8(x[v], f);
     float other[8];
-    if constexpr (OP == RowOp::RmsNorm) unpack8(reinterpret_cast<const uint4*>(p.gamma)[v], other);
-    if constexpr (OP == RowOp::SiluMul) unpack8(reinterpret_cast<const uint4*>(p.up + row * p.up_stride)[v], other);
+    if constexpr (OP == RowOp::RmsNorm) unpack_half8(reinterpret_cast<const uint4*>(p.gamma)[v], other);
+    if constexpr (OP == RowOp::SiluMul) unpack_half8(reinterpret_cast<const uint4*>(p.up + row * p.up_stride)[v], other);
     uint4 packed;
     half2* out = reinterpret_cast<half2*>(&packed);
 #pragma unroll
@@ -124,7 +115,7 @@ __global__ void __launch_bounds__(THREADS) quant_rows_kernel(const QuantParams p
   uint2* codes = reinterpret_cast<uint2*>(p.qx + static_cast<int64_t>(row) * p.K);
   for (int v = threadIdx.x; v < vecs; v += THREADS) {
     float f[8];
-    unpack8(row_buf[v], f);
+    unpack_half8(row_buf[v], f);
     uint32_t word[2] = {0u, 0u};
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
