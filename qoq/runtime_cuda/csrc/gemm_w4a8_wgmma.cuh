@@ -57,9 +57,10 @@ __device__ __forceinline__ uint64_t sw128_desc(const void* smem) {
          (uint64_t{1} << 62);
 }
 
-// D[64 x 64] (+)= A (registers; s8, or u8 when A_UNSIGNED) x B (shared memory, s8, K-major), s32.
+// D[64 x N] (+)= A (registers; s8, or u8 when A_UNSIGNED) x B (shared memory, s8, K-major), s32;
+// N = 64 here and 128 below: the accumulator array's size picks the overload.
 template <bool A_UNSIGNED>
-__device__ __forceinline__ void wgmma_m64n64k32(int (&d)[32], const uint32_t (&a)[4], uint64_t desc_b, int accumulate) {
+__device__ __forceinline__ void wgmma_m64k32(int (&d)[32], const uint32_t (&a)[4], uint64_t desc_b, int accumulate) {
 #define QOQ_WGMMA_N64(ATYPE)                                                                          \
   asm volatile(                                                                                      \
       "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                                \
@@ -77,9 +78,8 @@ __device__ __forceinline__ void wgmma_m64n64k32(int (&d)[32], const uint32_t (&a
 #undef QOQ_WGMMA_N64
 }
 
-// D[64 x 128] (+)= A (registers; s8, or u8 when A_UNSIGNED) x B (shared memory, s8, K-major), s32.
 template <bool A_UNSIGNED>
-__device__ __forceinline__ void wgmma_m64n128k32(int (&d)[64], const uint32_t (&a)[4], uint64_t desc_b, int accumulate) {
+__device__ __forceinline__ void wgmma_m64k32(int (&d)[64], const uint32_t (&a)[4], uint64_t desc_b, int accumulate) {
 #define QOQ_WGMMA_N128(ATYPE)                                                                          \
   asm volatile(                                                                                      \
       "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                                \
@@ -102,21 +102,6 @@ __device__ __forceinline__ void wgmma_m64n128k32(int (&d)[64], const uint32_t (&
   else QOQ_WGMMA_N128("s8");
 #undef QOQ_WGMMA_N128
 }
-
-template <int BT, bool A_UNSIGNED>
-struct WgmmaOp;
-template <bool A_UNSIGNED>
-struct WgmmaOp<64, A_UNSIGNED> {
-  static __device__ __forceinline__ void run(int (&d)[32], const uint32_t (&a)[4], uint64_t desc, int accumulate) {
-    wgmma_m64n64k32<A_UNSIGNED>(d, a, desc, accumulate);
-  }
-};
-template <bool A_UNSIGNED>
-struct WgmmaOp<128, A_UNSIGNED> {
-  static __device__ __forceinline__ void run(int (&d)[64], const uint32_t (&a)[4], uint64_t desc, int accumulate) {
-    wgmma_m64n128k32<A_UNSIGNED>(d, a, desc, accumulate);
-  }
-};
 
 #endif  // QOQ_HAS_WGMMA
 
@@ -269,7 +254,7 @@ __device__ __forceinline__ void wgmma_step(const GemmParams& p, const StageLoade
   for (int kk = 0; kk < K_TILES; ++kk)
 #pragma unroll
     for (int hh = 0; hh < H; ++hh)
-      WgmmaOp<BT, GROUPED>::run(acc[hh], a[kk][hh], desc + 2 * kk, i > 0 || kk > 0);  // +32 B of k
+      wgmma_m64k32<GROUPED>(acc[hh], a[kk][hh], desc + 2 * kk, i > 0 || kk > 0);  // +32 B of k; N = BT
   wgmma_commit();
   wgmma_wait<0>();
 }
