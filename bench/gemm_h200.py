@@ -174,7 +174,7 @@ def with_auto(bench: list[dict], multiprocessors: int, hopper: bool) -> list[dic
     for r in list(rows):
         if r["method"].startswith("w4a8"):
             group = -1 if r["method"] == "w4a8_pc" else int(r["method"][6:])
-            if r["variant"] == auto_variant(r["m"], r["n"], group, multiprocessors, hopper):
+            if r["variant"] == auto_variant(r["m"], r["n"], r["k"], group, multiprocessors, hopper):
                 rows.append(dict(r, variant="auto", chosen=r["variant"]))
     return rows
 

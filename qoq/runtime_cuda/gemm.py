@@ -46,11 +46,11 @@ def _multiprocessors(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def auto_variant(m: int, n: int, group: int, multiprocessors: int, hopper: bool = False) -> str:
+def auto_variant(m: int, n: int, k: int, group: int, multiprocessors: int, hopper: bool = False) -> str:
     """Kernel for an [M, K] x [K, N] product (chosen from bench/gemm_h200.py's variant sweep)."""
     gemv_ok = group in (-1, 64, 128)  # the GEMV kernels are compiled for these group sizes
-    if gemv_ok and m <= 16 and n // 32 <= multiprocessors:
-        return "gemv16"  # one wave of 32-column blocks: 16 warps each keep more loads in flight
+    if gemv_ok and m <= 16 and n // 32 <= multiprocessors and k >= 8192:
+        return "gemv16"  # one wave of long 32-column blocks: 16 warps each keep more loads in flight
     if gemv_ok and (m <= 32 or (m <= GEMV_MAX_M and n <= 4096)):
         return "gemv"
     if hopper:
@@ -77,9 +77,9 @@ def auto_variant(m: int, n: int, group: int, multiprocessors: int, hopper: bool 
 
 
 def _variant_id(variant: str, qx: torch.Tensor, n: int, group: int) -> int:
-    m = qx.shape[0]
+    m, k = qx.shape
     if variant == "auto":
-        variant = auto_variant(m, n, group, _multiprocessors(qx.device), is_hopper(qx.device))
+        variant = auto_variant(m, n, k, group, _multiprocessors(qx.device), is_hopper(qx.device))
     if variant not in VARIANTS:
         raise ValueError(f"unknown GEMM variant {variant!r}; choose 'auto' or one of {sorted(VARIANTS)}")
     if variant.startswith("gemv") and (m > GEMV_MAX_M or group not in (-1, 64, 128)):

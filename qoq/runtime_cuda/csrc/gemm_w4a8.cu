@@ -74,17 +74,25 @@ static void launch_wgmma(const GemmParams& p, const at::Tensor& like, cudaStream
                like, stream);
 }
 
-template <int MT, int GROUP, int WARPS>
-static void launch_gemv(const GemmParams& p, cudaStream_t stream) {
-  constexpr int smem = gemv_smem_bytes<MT, WARPS>();
-  static bool configured = false;
-  allow_smem(gemm_gemv_kernel<MT, GROUP, WARPS>, smem, configured);
-  gemm_gemv_kernel<MT, GROUP, WARPS><<<p.N / 32, WARPS * 32, smem, stream>>>(p);
+static int smem_optin() {
+  int device = 0, bytes = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  return bytes;
 }
 
+template <int MT, int GROUP, int WARPS>
+static void launch_gemv(const GemmParams& p, cudaStream_t stream) {
+  static bool configured = false;
+  allow_smem(gemm_gemv_kernel<MT, GROUP, WARPS>, smem_optin(), configured);
+  gemm_gemv_kernel<MT, GROUP, WARPS><<<p.N / 32, WARPS * 32, gemv_smem_bytes(MT, WARPS, p.M, p.K), stream>>>(p);
+}
+
+// M <= 16 stages its activation rows in shared memory where they fit (K up to ~14000 at M = 16);
+// otherwise the 32-row kernel reads them from global memory.
 template <int GROUP, int WARPS>
 static void dispatch_gemv(const GemmParams& p, cudaStream_t stream) {
-  if (p.M <= 16) return launch_gemv<1, GROUP, WARPS>(p, stream);
+  if (p.M <= 16 && gemv_smem_bytes(1, WARPS, p.M, p.K) <= smem_optin()) return launch_gemv<1, GROUP, WARPS>(p, stream);
   if (p.M <= 32) return launch_gemv<2, GROUP, WARPS>(p, stream);
   return launch_gemv<4, GROUP, WARPS>(p, stream);
 }

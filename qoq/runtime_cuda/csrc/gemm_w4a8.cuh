@@ -22,6 +22,13 @@ __device__ __forceinline__ void mma_s8_16832(int (&d)[4], const uint32_t (&a)[4]
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// B as u8 (the biased per-group fragments W8 + 128, or per-channel codes 0..15).
+__device__ __forceinline__ void mma_s8u8_16832(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 // Level-1 scales of the four n8 blocks this lane feeds (rows c, c+8, c+16, c+24): one 32-bit word
 // of the interleaved s2 / -z rows, byte j for block j.
 struct GroupScales {
@@ -40,6 +47,28 @@ __device__ __forceinline__ GroupScales unpack_group_scales(uint32_t s2_word, uin
     gs.zero_hi[j] = zero & 0x80808080u;
   }
   return gs;
+}
+
+// Per group the weight fragments can be W8 + 128 = q*s2 + (128 - z*s2) as u8, one IMAD per 4 weights:
+// q*s2 <= 255 and 128 - z*s2 >= 0 per byte, and their sum is W8 + 128 in [9, 247], so no byte
+// carries into the next. The MMA then sums (W8 + 128)*x (int32 holds it for K < 68000: 247*127*K);
+// 128 * (the token's sum of x over K) comes off before the epilogue (wgmma and GEMV kernels).
+template <int BLOCKS>
+struct BiasedScales {
+  uint32_t s2[BLOCKS];    // s2 of the warp's n8 blocks first, first+1, ...
+  uint32_t bias[BLOCKS];  // 128 - z*s2 of each in all four bytes
+};
+
+template <int BLOCKS>
+__device__ __forceinline__ BiasedScales<BLOCKS> unpack_biased_scales(uint32_t s2_word, uint32_t zero_word, int first) {
+  BiasedScales<BLOCKS> bs;
+#pragma unroll
+  for (int jj = 0; jj < BLOCKS; ++jj) {
+    const int j = first + jj;
+    bs.s2[jj] = (s2_word >> (8 * j)) & 0xffu;
+    bs.bias[jj] = __byte_perm(zero_word, 0, 0x1111 * j) ^ 0x80808080u;  // -z*s2 + 128 (mod 256), per byte
+  }
+  return bs;
 }
 
 // Byte-wise a + zero modulo 256 (no carry crosses a byte): low 7 bits add, top bits xor in.
@@ -129,6 +158,13 @@ __device__ __forceinline__ void cp_async_wait() {
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
   const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// The same at a shared-memory address already converted (per-lane row addresses).
+__device__ __forceinline__ void ldmatrix_x4_at(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));

@@ -1,6 +1,7 @@
 // The split-K "GEMV" W4A8 kernel for small M: memory bound, each warp streams its runs of INT4
 // weight tiles from HBM with a register ping-pong (the next run's loads in flight while this one
-// computes). A cp.async ring in shared memory measured slower on the H200 (same bytes in flight).
+// computes). A cp.async ring in shared memory measured slower on the H200 (same bytes in flight), and
+// so did a persistent kernel feeding a ring with bulk async copies (TMA): 2.3 TB/s streaming alone.
 #pragma once
 
 #include "gemm_w4a8.cuh"
@@ -8,12 +9,18 @@
 namespace qoq_gemm {
 
 // ---------------------------------------------------------------- GEMV: M <= 16*MT, split K
-// One block per 32 output columns; its WARPS warps (8 or 16) take interleaved runs of K.
+// One block per 32 output columns; its WARPS warps (8 or 16) take interleaved runs of K. Per group
+// the B fragments are the biased u8 W8 + 128 (BiasedScales) and one more MMA per tile and row block
+// sums the 128 * x that comes off. With MT = 1 (M <= 16) the block first copies the M activation
+// rows into shared memory and reads A fragments by ldmatrix: per-lane 4-byte loads of 16 rows cost
+// 8x the L1 wavefronts. Rows >= M point ldmatrix at 16 zero bytes.
 constexpr int GEMV_RUN = 8;  // consecutive k-tiles (4 KB of weights) a warp loads in one go
+constexpr int GEMV_ZERO = 16;  // shared memory: 16 zero bytes, then [M][K + 16] activations (MT = 1)
 
-template <int MT, int WARPS>
-constexpr int gemv_smem_bytes() {
-  return WARPS * MT * 16 * 32 * 4;
+// Shared memory: the activations (MT = 1), later reused for the warps' partial sums.
+__host__ __device__ constexpr int gemv_smem_bytes(int mt, int warps, int m, int k) {
+  const int act = mt == 1 ? m * (k + 16) : 0, partial = warps * mt * 16 * 32 * 4;
+  return GEMV_ZERO + (act > partial ? act : partial);
 }
 
 __device__ __forceinline__ uint32_t load_act_word(const GemmParams& p, int row, int k) {
@@ -50,59 +57,96 @@ __device__ __forceinline__ void gemv_load_run(const GemmParams& p, GemvRun<GROUP
 
 template <int MT, int GROUP>
 __device__ __forceinline__ void gemv_compute_run(const GemmParams& p, const GemvRun<GROUP>& run, int first,
-                                                 int k_tiles, int (&acc)[MT][4][4]) {
-  constexpr bool GROUPED = GROUP > 0;
+                                                 int k_tiles, uint32_t a_base, uint32_t a_step,
+                                                 int (&acc)[MT][4][4], int (&offset)[MT][4]) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  GroupScales gs{};
+  BiasedScales<4> bs{};
 #pragma unroll
   for (int i = 0; i < GEMV_RUN; ++i) {
     const int k0 = first + i;
     if (k0 >= k_tiles) break;
-    if constexpr (GROUPED) {  // unpack each group's scales once, when its first tile comes
-      if (i % (GROUP / 32) == 0) gs = unpack_group_scales(run.s2[i * 32 / GROUP], run.zero[i * 32 / GROUP]);
+    if constexpr (GROUP > 0) {  // unpack each group's scales once, when its first tile comes
+      if (i % (GROUP / 32) == 0) bs = unpack_biased_scales<4>(run.s2[i * 32 / GROUP], run.zero[i * 32 / GROUP], 0);
     }
+    const uint32_t words[4] = {run.packed[i].x, run.packed[i].y, run.packed[i].z, run.packed[i].w};
     uint32_t b[4][2];
-    dequant_tile<GROUPED>(run.packed[i], gs, b);
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int d = 0; d < 2; ++d) {
+        const uint32_t q = (words[2 * d + (j & 1)] >> (4 * (j >> 1))) & 0x0f0f0f0fu;
+        b[j][d] = GROUP > 0 ? q * bs.s2[j] + bs.bias[j] : q;
+      }
     const int k = k0 * 32 + 4 * t;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
-      const int row = mt * 16 + g;
-      const uint32_t a[4] = {load_act_word(p, row, k), load_act_word(p, row + 8, k),
-                             load_act_word(p, row, k + 16), load_act_word(p, row + 8, k + 16)};
+      uint32_t a[4];
+      if constexpr (MT == 1) {
+        ldmatrix_x4_at(a, a_base + k0 * a_step);
+      } else {
+        const int row = mt * 16 + g;
+        a[0] = load_act_word(p, row, k), a[1] = load_act_word(p, row + 8, k);
+        a[2] = load_act_word(p, row, k + 16), a[3] = load_act_word(p, row + 8, k + 16);
+      }
 #pragma unroll
-      for (int j = 0; j < 4; ++j) mma_s8_16832(acc[mt][j], a, b[j][0], b[j][1]);
+      for (int j = 0; j < 4; ++j) mma_s8u8_16832(acc[mt][j], a, b[j][0], b[j][1]);
+      if constexpr (GROUP > 0) mma_s8u8_16832(offset[mt], a, 0x80808080u, 0x80808080u);  // 128 * sum(x)
     }
   }
 }
 
 template <int MT, int GROUP, int WARPS>
 __global__ void __launch_bounds__(WARPS * 32, MT == 1 ? 16 / WARPS : 1) gemm_gemv_kernel(const GemmParams p) {
-  extern __shared__ int partial[];  // [WARPS][MT*16 accumulator slots][32 lanes]
+  extern __shared__ __align__(16) uint8_t smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int n0 = blockIdx.x, k_tiles = p.K / 32;
   const uint8_t* tiles = p.qweight + static_cast<size_t>(n0) * k_tiles * 512 + lane * 16;
   const size_t scale_col = static_cast<size_t>(n0) * 32 + 4 * (lane >> 2);
   constexpr int STRIDE = WARPS * GEMV_RUN;
 
+  uint32_t a_base = 0, a_step = 0;
+  if constexpr (MT == 1) {  // the activations into shared memory, while the first weights load
+    uint8_t* act = smem + GEMV_ZERO;
+    const int row_pieces = p.K / 16;
+    for (int i = threadIdx.x; i < p.M * row_pieces; i += WARPS * 32) {
+      const int row = i / row_pieces, piece = i % row_pieces;
+      cp_async16(act + row * (p.K + 16) + piece * 16, p.qx + static_cast<size_t>(row) * p.K + piece * 16, true);
+    }
+    cp_async_commit();
+    if (threadIdx.x < 4) reinterpret_cast<uint32_t*>(smem)[threadIdx.x] = 0u;
+    // ldmatrix rows: lane l gives row (l % 8) + 8 ((l / 8) % 2), bytes 16 (l / 16) of a k-tile
+    const int row = (lane & 7) + 8 * ((lane >> 3) & 1);
+    const bool real = row < p.M;
+    a_base = static_cast<uint32_t>(__cvta_generic_to_shared(real ? act + row * (p.K + 16) + 16 * (lane >> 4) : smem));
+    a_step = real ? 32 : 0;
+  }
+
   // Ping-pong between two runs: the next run's loads are in flight while this one computes.
-  int acc[MT][4][4] = {};
+  int acc[MT][4][4] = {}, offset[MT][4] = {};
   GemvRun<GROUP> ping, pong;
   int first = warp * GEMV_RUN;
   gemv_load_run<GROUP>(p, ping, tiles, scale_col, first, k_tiles);
+  if constexpr (MT == 1) {
+    cp_async_wait<0>();
+    __syncthreads();  // every thread's activation pieces and the zeros are in
+  }
   for (; first < k_tiles; first += 2 * STRIDE) {
     gemv_load_run<GROUP>(p, pong, tiles, scale_col, first + STRIDE, k_tiles);
-    gemv_compute_run<MT, GROUP>(p, ping, first, k_tiles, acc);
+    gemv_compute_run<MT, GROUP>(p, ping, first, k_tiles, a_base, a_step, acc, offset);
     gemv_load_run<GROUP>(p, ping, tiles, scale_col, first + 2 * STRIDE, k_tiles);
-    gemv_compute_run<MT, GROUP>(p, pong, first + STRIDE, k_tiles, acc);
+    gemv_compute_run<MT, GROUP>(p, pong, first + STRIDE, k_tiles, a_base, a_step, acc, offset);
   }
 
   // Integer partial sums are exact in any order: reduce the warps' K slices through shared memory.
+  if constexpr (MT == 1) __syncthreads();  // every warp is done with the activations: partials reuse them
+  int* partial = reinterpret_cast<int*>(smem + GEMV_ZERO);  // [WARPS][MT*16 accumulator slots][32 lanes]
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int j = 0; j < 4; ++j)
 #pragma unroll
-      for (int r = 0; r < 4; ++r) partial[((warp * MT + mt) * 16 + j * 4 + r) * 32 + lane] = acc[mt][j][r];
+      for (int r = 0; r < 4; ++r)
+        partial[((warp * MT + mt) * 16 + j * 4 + r) * 32 + lane] = acc[mt][j][r] - offset[mt][r];
   __syncthreads();
   constexpr int SLOTS = MT * 16 * 32;
   for (int i = threadIdx.x; i < SLOTS / 2; i += WARPS * 32) {

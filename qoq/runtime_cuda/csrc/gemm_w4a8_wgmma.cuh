@@ -105,28 +105,6 @@ __device__ __forceinline__ void wgmma_m64k32(int (&d)[64], const uint32_t (&a)[4
 
 #endif  // QOQ_HAS_WGMMA
 
-// Per group the A fragments are W8 + 128 = q*s2 + (128 - z*s2) as u8, one IMAD per 4 weights:
-// q*s2 <= 255 and 128 - z*s2 >= 0 per byte, and their sum is W8 + 128 in [9, 247], so no byte
-// carries into the next. The wgmma then sums (W8 + 128)*x (int32 holds it for K < 68000: 247*127*K);
-// 128 * (the token's sum of x over K) comes off before the epilogue.
-template <int BLOCKS>
-struct BiasedScales {
-  uint32_t s2[BLOCKS];    // s2 of the warp's n8 blocks first, first+1, ...
-  uint32_t bias[BLOCKS];  // 128 - z*s2 of each in all four bytes
-};
-
-template <int BLOCKS>
-__device__ __forceinline__ BiasedScales<BLOCKS> unpack_biased_scales(uint32_t s2_word, uint32_t zero_word, int first) {
-  BiasedScales<BLOCKS> bs;
-#pragma unroll
-  for (int jj = 0; jj < BLOCKS; ++jj) {
-    const int j = first + jj;
-    bs.s2[jj] = (s2_word >> (8 * j)) & 0xffu;
-    bs.bias[jj] = __byte_perm(zero_word, 0, 0x1111 * j) ^ 0x80808080u;  // -z*s2 + 128 (mod 256), per byte
-  }
-  return bs;
-}
-
 // 16 packed bytes of one lane -> A fragments of the warp's H wgmmas (GROUPED: W8 + 128 as u8).
 // H = 2: both nibble halves (blocks 0-3); H = 1: the half `half` (blocks 2*half, 2*half + 1).
 template <bool GROUPED, int H>
