@@ -52,7 +52,7 @@ def auto_variant(m: int, n: int, k: int, group: int, multiprocessors: int, hoppe
     gemv_ok = group in (-1, 64, 128)  # the GEMV kernels are compiled for these group sizes
     if gemv_ok and m <= 16 and n // 32 <= multiprocessors and k >= 8192:
         return "gemv16"  # one wave of long 32-column blocks: 16 warps each keep more loads in flight
-    if gemv_ok and (m <= 32 or (m <= GEMV_MAX_M and n <= 4096)):
+    if gemv_ok and (m <= 32 or (m <= GEMV_MAX_M and n <= 4096 and k <= 4096)):  # M=64 down_proj: tiled64w
         return "gemv"
     if hopper:
         # Fewest waves (blocks / (blocks per SM x SMs), rounded up), each weighted by a wave's time
