@@ -82,9 +82,9 @@ static int smem_optin() {
 }
 
 template <int MT, int GROUP, int WARPS>
-static void launch_gemv(const GemmParams& p, cudaStream_t stream) {
+static void launch_gemv(const GemmParams& p, int smem_limit, cudaStream_t stream) {
   static bool configured = false;
-  allow_smem(gemm_gemv_kernel<MT, GROUP, WARPS>, smem_optin(), configured);
+  allow_smem(gemm_gemv_kernel<MT, GROUP, WARPS>, smem_limit, configured);
   gemm_gemv_kernel<MT, GROUP, WARPS><<<p.N / 32, WARPS * 32, gemv_smem_bytes(MT, WARPS, p.M, p.K), stream>>>(p);
 }
 
@@ -92,9 +92,10 @@ static void launch_gemv(const GemmParams& p, cudaStream_t stream) {
 // otherwise the 32-row kernel reads them from global memory.
 template <int GROUP, int WARPS>
 static void dispatch_gemv(const GemmParams& p, cudaStream_t stream) {
-  if (p.M <= 16 && gemv_smem_bytes(1, WARPS, p.M, p.K) <= smem_optin()) return launch_gemv<1, GROUP, WARPS>(p, stream);
-  if (p.M <= 32) return launch_gemv<2, GROUP, WARPS>(p, stream);
-  return launch_gemv<4, GROUP, WARPS>(p, stream);
+  const int limit = smem_optin();
+  if (p.M <= 16 && gemv_smem_bytes(1, WARPS, p.M, p.K) <= limit) return launch_gemv<1, GROUP, WARPS>(p, limit, stream);
+  if (p.M <= 32) return launch_gemv<2, GROUP, WARPS>(p, limit, stream);
+  return launch_gemv<4, GROUP, WARPS>(p, limit, stream);
 }
 
 template <int WARPS>

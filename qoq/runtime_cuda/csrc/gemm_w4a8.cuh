@@ -91,6 +91,20 @@ __device__ __forceinline__ void dequant_tile(const uint4& packed, const GroupSca
   }
 }
 
+// The same with biased scales: per group the u8 W8 + 128 (for mma_s8u8_16832).
+template <bool GROUPED>
+__device__ __forceinline__ void dequant_tile(const uint4& packed, const BiasedScales<4>& bs, uint32_t (&b)[4][2]) {
+  const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+#pragma unroll
+    for (int d = 0; d < 2; ++d) {
+      const uint32_t q = (words[2 * d + (j & 1)] >> (4 * (j >> 1))) & 0x0f0f0f0fu;
+      b[j][d] = GROUPED ? q * bs.s2[j] + bs.bias[j] : q;
+    }
+  }
+}
+
 // Epilogue of one output element: §3.1 (acc*s_x)*s1, or §3.2 minus z*Σx; plus bias. Explicitly
 // rounded operations (never contracted into FMAs) in IntegerLinear's order: the same fp32 result.
 __device__ __forceinline__ float epilogue(const GemmParams& p, int row, int col, int acc) {
@@ -156,18 +170,15 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING));
 }
 
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
-  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+// At a shared-memory address already converted (per-lane row addresses).
+__device__ __forceinline__ void ldmatrix_x4_at(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
 }
 
-// The same at a shared-memory address already converted (per-lane row addresses).
-__device__ __forceinline__ void ldmatrix_x4_at(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
+  ldmatrix_x4_at(r, static_cast<uint32_t>(__cvta_generic_to_shared(smem)));
 }
 
 // Streamed once: skip L1 so the activations stay there.

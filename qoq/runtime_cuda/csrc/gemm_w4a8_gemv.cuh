@@ -68,15 +68,8 @@ __device__ __forceinline__ void gemv_compute_run(const GemmParams& p, const Gemv
     if constexpr (GROUP > 0) {  // unpack each group's scales once, when its first tile comes
       if (i % (GROUP / 32) == 0) bs = unpack_biased_scales<4>(run.s2[i * 32 / GROUP], run.zero[i * 32 / GROUP], 0);
     }
-    const uint32_t words[4] = {run.packed[i].x, run.packed[i].y, run.packed[i].z, run.packed[i].w};
     uint32_t b[4][2];
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int d = 0; d < 2; ++d) {
-        const uint32_t q = (words[2 * d + (j & 1)] >> (4 * (j >> 1))) & 0x0f0f0f0fu;
-        b[j][d] = GROUP > 0 ? q * bs.s2[j] + bs.bias[j] : q;
-      }
+    dequant_tile<(GROUP > 0)>(run.packed[i], bs, b);
     const int k = k0 * 32 + 4 * t;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
