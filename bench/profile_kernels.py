@@ -1,7 +1,7 @@
 """Run the kernels behind the missed speed targets once each, for Nsight Compute to profile.
 
     ncu --clock-control none --section SpeedOfLight --section WarpStateStats --section Occupancy \
-        -k regex:'gemv|decode' python bench/profile_kernels.py > $OUT/ncu.txt
+        -k regex:'gemv|decode' python bench/profile_kernels.py [--only gemv|decode] > $OUT/ncu.txt
 
 GEMV (M = 1, g128) at Llama-2-7B o_proj and gate_up shapes; KV4 decode attention at Llama-2-7B
 B=64 L=1536 and Llama-3-8B B=64 L=512 / B=1 L=512 (random pages, shuffled page table).
@@ -9,6 +9,7 @@ B=64 L=1536 and Llama-3-8B B=64 L=512 / B=1 L=512 (random pages, shuffled page t
 
 from __future__ import annotations
 
+import argparse
 import math
 import sys
 from pathlib import Path
@@ -50,12 +51,17 @@ def decode(hq: int, hkv: int, batch: int, length: int, dim: int = 128) -> None:
 
 
 def main() -> None:
-    for n, k in GEMV_SHAPES:
-        gemv(n, k)
-    for _, hq, hkv, batch, length in DECODE:
-        decode(hq, hkv, batch, length)
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", choices=("gemv", "decode"), help="run one kernel family (skips the other's build)")
+    only = ap.parse_args().only
+    if only != "decode":
+        for n, k in GEMV_SHAPES:
+            gemv(n, k)
+    if only != "gemv":
+        for _, hq, hkv, batch, length in DECODE:
+            decode(hq, hkv, batch, length)
     torch.cuda.synchronize()
-    print("ran", GEMV_SHAPES, DECODE)
+    print("ran", only or "all")
 
 
 if __name__ == "__main__":

@@ -16,8 +16,11 @@ constexpr int kMaxSplits = 64;
 
 template <int D>
 struct WarpState {
-  float o[D / 16][4];  // O^T accumulators: m-tile i covers d = grp*D/8 + 2i + {0,1}, g = 2*quad + {0,1}
-  float m, l, zsum;    // for query head g = grp (log2 units)
+  // O^T accumulators: m-tile i covers d = grp*D/8 + 2i (o[i][0..1]) and d + 1 (o[i][2..3]) for query
+  // heads g = 2*quad + {0,1}, as sum_t code * w * 2^-24, and 16x that for the odd d (high nibbles)
+  float o[D / 16][4];
+  float z[4];     // sum_t zeroV[t] * w[t, g] for g = 2*quad + {0,1} (z[0], z[1]; every row holds it)
+  float m[2], l[2];  // for g = 2*quad + {0,1}: running max (log2 units), this lane's sum of p
 };
 
 // scratch: >= kDecodeWarps * kMaxGroup * D floats of shared memory no longer used by the caller.
@@ -29,21 +32,24 @@ __device__ __forceinline__ void combine_warps_and_splits(const DecodeParams& p, 
   __shared__ int is_last;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, quad = lane & 3, grp = lane >> 2;
   float (*sm_o)[kMaxGroup][D] = reinterpret_cast<float (*)[kMaxGroup][D]>(scratch);
-  st.l += __shfl_xor_sync(0xffffffffu, st.l, 1);
-  st.l += __shfl_xor_sync(0xffffffffu, st.l, 2);
-  st.zsum += __shfl_xor_sync(0xffffffffu, st.zsum, 1);
-  st.zsum += __shfl_xor_sync(0xffffffffu, st.zsum, 2);
-  const float z0 = __shfl_sync(0xffffffffu, st.zsum, 8 * quad);
-  const float z1 = __shfl_sync(0xffffffffu, st.zsum, 8 * quad + 4);
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int x = 4; x <= 16; x <<= 1) st.l[h] += __shfl_xor_sync(0xffffffffu, st.l[h], x);
+  const float z0 = st.z[0], z1 = st.z[1];
+  constexpr float kEven = 16777216.f, kOdd = 1048576.f;  // 2^24; 2^24 / 16 for the high nibbles
 #pragma unroll
   for (int i = 0; i < D / 16; ++i) {
     const int d = grp * (D / 8) + 2 * i;
-    sm_o[warp][2 * quad][d] = st.o[i][0] - z0;
-    sm_o[warp][2 * quad + 1][d] = st.o[i][1] - z1;
-    sm_o[warp][2 * quad][d + 1] = st.o[i][2] - z0;
-    sm_o[warp][2 * quad + 1][d + 1] = st.o[i][3] - z1;
+    sm_o[warp][2 * quad][d] = st.o[i][0] * kEven - z0;
+    sm_o[warp][2 * quad + 1][d] = st.o[i][1] * kEven - z1;
+    sm_o[warp][2 * quad][d + 1] = st.o[i][2] * kOdd - z0;
+    sm_o[warp][2 * quad + 1][d + 1] = st.o[i][3] * kOdd - z1;
   }
-  if (quad == 0) { sm_m[warp][grp] = st.m; sm_l[warp][grp] = st.l; }
+  if (grp == 0) {
+    sm_m[warp][2 * quad] = st.m[0]; sm_l[warp][2 * quad] = st.l[0];
+    sm_m[warp][2 * quad + 1] = st.m[1]; sm_l[warp][2 * quad + 1] = st.l[1];
+  }
   __syncthreads();
 
   const int G = p.group, GD = G * D, S = p.num_splits;

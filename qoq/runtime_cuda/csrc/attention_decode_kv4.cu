@@ -3,13 +3,15 @@
 // One CTA per (split of the KV length, KV head, sequence); all G <= 8 query heads of the KV head
 // share it, so each K/V byte is read once. Each warp walks chunks of 16*256/D tokens through a
 // ring of kStages shared-memory slots (the page's bytes, swizzled) filled by 16-byte cp.async, so
-// several chunks' loads are in flight without holding registers. Math runs on the tensor cores:
-//   S[g, t] = sum_d q[g,d] * codeK[t,d]            (mma: A = Q rows g, B = exact fp16 codes)
+// several chunks' loads are in flight without holding registers. Math runs on the tensor cores, on
+// the 4-bit codes themselves read as fp16 subnormals (subnormal_codes8: a mask per 2 codes):
+//   S[t, g] = sum_d codeK[t,d] * q[g,d]            (mma: A = codes, 16 tokens; B = q, 8 heads)
 //   score   = scaleK[t] * (S - zeroK[t] * sum_d q[g,d])
-//   O[d, g] = sum_t codeV[t,d] * w[g,t] - sum_t w[g,t] * zeroV[t],  w = fp16(p * scaleV[t])
-// so the codes never need a per-element scale: dequantization is a few integer ops per 8 codes.
-// The head_dim order inside the mma is permuted (any order gives the same dot product); the token
-// order inside a 16-token block is permuted identically for K and V. Splits are merged in
+//   O[d, g] = sum_t codeV[t,d] * w[t,g] - sum_t zeroV[t] * w[t,g],  w = fp16(p) * scaleV[t]
+// where w, transposed in registers (movmatrix), is the B operand of the V mma and the second sum is
+// one more mma per 16 tokens (A = zeroV in every row); no code ever needs a per-element scale. The
+// head_dim order inside the mma is permuted (any order gives the same dot product), and so is the
+// token order inside a 16-token block, identically for K and V. Splits are merged in
 // attention_decode_combine.cuh.
 #include <cmath>
 
@@ -46,13 +48,13 @@ struct Chunk {
   static_assert(kWarps * kMaxGroup * D * 4 <= kRingBytes, "the combine reuses the ring");
 };
 
-// XOR of the 16-byte piece index within each 128 bytes of a code region, by token row: the
-// fragment reads (K: 8 rows x 16 B, or 4 rows x 8 B; V: rows 4q+e for q = 0..3) then hit 8
-// distinct pieces, i.e. all 32 banks, per phase.
+// XOR of the 16-byte piece index within each 128 bytes of a code region, by token row, so that
+// every fragment read hits each bank once per phase: K reads rows 2 grp + j (16 B at quad, or 8 B
+// for D = 64), V reads rows 4 quad + e (8 B at grp, or 4 B).
 template <int D>
 __device__ __forceinline__ int swizzle(int row) {
-  if constexpr (D == 128) return 2 * ((row >> 2) & 3);
-  else return 4 * ((row >> 2) & 1) + 2 * ((row >> 3) & 1);
+  if constexpr (D == 128) return (2 * ((row >> 2) & 3)) ^ (4 * ((row >> 1) & 1));
+  else return 2 * ((row >> 2) & 1) + 4 * ((row >> 3) & 1);
 }
 
 template <int D>
@@ -61,155 +63,208 @@ __device__ __forceinline__ int code_offset(int row, int byte) {
   return (linear & ~0x70) | ((((linear >> 4) & 7) ^ swizzle<D>(row)) << 4);
 }
 
-// Start copying one chunk into a ring slot: every copy is 16 bytes, each warp instruction 512
-// contiguous bytes of the page.
+// One lane's share of every chunk copy, fixed for the kernel: code piece i (16 bytes; a warp
+// instruction moves 512 contiguous page bytes) goes from page byte src + i * 512 to slot byte
+// dst[i & 1] + (i >> 1) * 1024 (pieces two apart are 16 rows apart, which share the swizzle); lanes
+// below 4 * kVecPieces also copy one 16-byte piece of the scale/zero vectors.
 template <int D>
-__device__ __forceinline__ void issue_chunk(uint32_t slot, const uint8_t* k_page, const uint8_t* v_page,
-                                            int code_off, int scale_off, int zero_off, int tok0, int lane) {
+struct CopyPlan {
   using C = Chunk<D>;
-  const uint8_t* k_codes = k_page + code_off + tok0 * C::kRow;
-  const uint8_t* v_codes = v_page + code_off + tok0 * C::kRow;
+  uint32_t dst[2];
+  int src, vec_src;        // byte offsets in a page, for the page's first token
+  const uint8_t* vec_pool;  // K or V pages (vector a: 0 ks, 1 kz, 2 vs, 3 vz), null for other lanes
+
+  __device__ CopyPlan(const DecodeParams& p, int code_off, int scale_off, int zero_off, int lane) {
 #pragma unroll
-  for (int i = 0; i < C::kCodePieces; ++i) {
-    const int linear = (i * 32 + lane) * 16;
-    const uint32_t dst = code_offset<D>(linear / C::kRow, linear % C::kRow);
-    cp_async<16>(slot + dst, k_codes + linear);
-    cp_async<16>(slot + C::kVOffset + dst, v_codes + linear);
+    for (int i = 0; i < 2; ++i) {
+      const int linear = (i * 32 + lane) * 16;
+      dst[i] = code_offset<D>(linear / C::kRow, linear % C::kRow);
+    }
+    src = code_off + lane * 16;
+    const int a = lane / C::kVecPieces;
+    vec_src = ((a & 1) ? zero_off : scale_off) + (lane % C::kVecPieces) * 16;
+    vec_pool = lane >= 4 * C::kVecPieces ? nullptr : a < 2 ? p.k_pages : p.v_pages;
   }
-  if (lane < 4 * C::kVecPieces) {
-    const int a = lane / C::kVecPieces, piece = lane % C::kVecPieces;  // a: 0 ks, 1 kz, 2 vs, 3 vz
-    const uint8_t* src = (a < 2 ? k_page : v_page) + ((a & 1) ? zero_off : scale_off) + tok0 * 2 + piece * 16;
-    cp_async<16>(slot + C::kSOffset + lane * 16, src);
+
+  // Start copying the kTokens tokens from token tok0 of page byte offset page_off into a ring slot.
+  __device__ __forceinline__ void issue(const DecodeParams& p, uint32_t slot, int64_t page_off, int tok0,
+                                        int lane) const {
+    const uint8_t* k_src = p.k_pages + page_off + src + tok0 * C::kRow;
+    const uint8_t* v_src = p.v_pages + page_off + src + tok0 * C::kRow;
+#pragma unroll
+    for (int i = 0; i < C::kCodePieces; ++i) {
+      const uint32_t d = slot + dst[i & 1] + (i >> 1) * 1024;
+      cp_async<16>(d, k_src + i * 512);
+      cp_async<16>(d + C::kVOffset, v_src + i * 512);
+    }
+    if (vec_pool != nullptr) cp_async<16>(slot + C::kSOffset + lane * 16, vec_pool + page_off + vec_src + tok0 * 2);
   }
-}
+};
 
 // A landed slot, read piece by piece right where each piece is used (registers stay free for
-// more resident warps).
+// more resident warps). Lane (grp, quad) holds K rows 2 grp and 2 grp + 1 of each block (the
+// mma's rows grp and grp + 8) and V rows 4 quad + e.
 template <int D>
 struct SlotReader {
   using C = Chunk<D>;
   const uint8_t* slot;
   int lane;
-  // K fragment: token row 4*(grp/2) + grp%2 + 2j of block blk, D/8 bytes at quad*D/8
+  // K codes of token 16 blk + 2 grp + j: D/8 bytes at quad * D/8
   __device__ __forceinline__ void k(uint32_t (&w)[C::kKWords], int blk, int j) const {
     const int grp = lane >> 2, quad = lane & 3;
-    const int row = 16 * blk + 4 * (grp >> 1) + (grp & 1) + 2 * j;
-    read_words(w, slot + code_offset<D>(row, quad * (D / 8)));
+    read_words(w, slot + code_offset<D>(16 * blk + 2 * grp + j, quad * (D / 8)));
   }
-  // V fragment: token row 4*quad + e of block blk, D/16 bytes at grp*D/16
+  // V codes of token 16 blk + 4 quad + e: D/16 bytes at grp * D/16
   __device__ __forceinline__ void v(uint32_t (&w)[C::kVWords], int blk, int e) const {
     const int grp = lane >> 2, quad = lane & 3;
     read_words(w, slot + C::kVOffset + code_offset<D>(16 * blk + 4 * quad + e, grp * (D / 16)));
   }
-  // scale/zero vector a (0 ks, 1 kz, 2 vs, 3 vz): 4 fp16 for tokens 4*quad + e of block blk
-  __device__ __forceinline__ uint2 sz(int blk, int a) const {
+  // scale/zero vector a (0 ks, 1 kz, 2 vs, 3 vz) of tokens 16 blk + 2 grp + {0, 1}
+  __device__ __forceinline__ uint32_t sz_k(int blk, int a) const {
+    return *reinterpret_cast<const uint32_t*>(slot + C::kSOffset + a * C::kTokens * 2 + (16 * blk + 2 * (lane >> 2)) * 2);
+  }
+  // ... of tokens 16 blk + 4 quad + {0..3}
+  __device__ __forceinline__ uint2 sz_v(int blk, int a) const {
     return *reinterpret_cast<const uint2*>(slot + C::kSOffset + a * C::kTokens * 2 + (16 * blk + 4 * (lane & 3)) * 2);
   }
 };
 
-__device__ __forceinline__ float half_at(uint2 v, int e) {
-  const half2 h = bits_h2(e < 2 ? v.x : v.y);
-  return (e & 1) ? __high2float(h) : __low2float(h);
+// Keep the 16-bit halves of x whose token (lo, hi) is valid.
+__device__ __forceinline__ uint32_t keep_halves(uint32_t x, bool lo, bool hi) {
+  return x & ((lo ? 0x0000ffffu : 0u) | (hi ? 0xffff0000u : 0u));
 }
 
+// 8x8 fp16 matrix transpose across the warp: lane (r, c) holds elements (r, 2c) and (r, 2c + 1).
+__device__ __forceinline__ uint32_t transpose8x8(uint32_t x) {
+  uint32_t r;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(r) : "r"(x));
+  return r;
+}
+
+// One chunk. Lane (grp, quad) scores tokens ta = 16 blk + 2 grp, tb = ta + 1 for query heads
+// g = 2 quad + {0, 1}: s[blk][2 i + h] is token ta + i, head 2 quad + h. n_valid: tokens of the
+// chunk below seq_len (>= 1; fewer than kTokens only in a sequence's last chunk, whose tail may
+// hold garbage, NaN scales included). qs[h]: sum_d q[g,d] * 2^-24 (scores are kept in "u" units,
+// (sum_d q code - zeroK sum_d q) 2^-24 scaleK); u_log2: u -> log2 units.
 template <int D>
-__device__ __forceinline__ void attend_chunk(const SlotReader<D>& c, const uint32_t (&qa)[D / 16][2],
-                                             float qsum, float bias, float scale_log2, int tok_base,
-                                             int seq_len, WarpState<D>& st, int lane) {
-  constexpr int kBlocks = Chunk<D>::kBlocks;
-  const int quad = lane & 3;
+__device__ __forceinline__ void attend_chunk(const SlotReader<D>& c, const uint32_t (&qb)[D / 16][2],
+                                             const float (&qs)[2], float u_log2, int n_valid, WarpState<D>& st,
+                                             int lane) {
+  using C = Chunk<D>;
+  constexpr int kBlocks = C::kBlocks;
+  const int grp = lane >> 2, quad = lane & 3;
+  const bool partial = n_valid < C::kTokens;  // warp-uniform
   float s[kBlocks][4];
 #pragma unroll
   for (int blk = 0; blk < kBlocks; ++blk) {
-    float acc[2][4] = {};
+    float acc[4] = {};
+    uint32_t ka[C::kKWords], kb[C::kKWords];
+    c.k(ka, blk, 0);
+    c.k(kb, blk, 1);
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      uint32_t kw[Chunk<D>::kKWords];
-      c.k(kw, blk, j);
-#pragma unroll
-      for (int w = 0; w < Chunk<D>::kKWords; ++w) {
-        uint32_t b[4];
-        biased_codes8(kw[w], b);  // odd d meet q/16 (load_query): every product is q * (1024 + n)
-        mma_16816(acc[j], qa[2 * w][0], 0u, qa[2 * w][1], 0u, b[0], b[1]);
-        mma_16816(acc[j], qa[2 * w + 1][0], 0u, qa[2 * w + 1][1], 0u, b[2], b[3]);
-      }
+    for (int w = 0; w < C::kKWords; ++w) {
+      uint32_t a[4], b[4];
+      subnormal_codes8(ka[w], a);  // odd d meet q/16 (load_query): every product is q * code * 2^-24
+      subnormal_codes8(kb[w], b);
+      mma_16816(acc, a[0], b[0], a[1], b[1], qb[2 * w][0], qb[2 * w][1]);
+      mma_16816(acc, a[2], b[2], a[3], b[3], qb[2 * w + 1][0], qb[2 * w + 1][1]);
     }
-    const uint2 ks = c.sz(blk, 0), kz = c.sz(blk, 1);
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float raw = acc[e >> 1][e & 1];
-      const float sc = ((raw - bias) - half_at(kz, e) * qsum) * half_at(ks, e) * scale_log2;
-      const bool valid = tok_base + 16 * blk + 4 * quad + e < seq_len;
-      s[blk][e] = valid ? sc : -INFINITY;
-    }
+    const half2 ks = bits_h2(c.sz_k(blk, 0)), kz = bits_h2(c.sz_k(blk, 1));
+    const float ks_a = __low2float(ks), ks_b = __high2float(ks), kz_a = __low2float(kz), kz_b = __high2float(kz);
+    s[blk][0] = fmaf(-kz_a, qs[0], acc[0]) * ks_a;
+    s[blk][1] = fmaf(-kz_a, qs[1], acc[1]) * ks_a;
+    s[blk][2] = fmaf(-kz_b, qs[0], acc[2]) * ks_b;
+    s[blk][3] = fmaf(-kz_b, qs[1], acc[3]) * ks_b;
   }
-  float mx = -INFINITY;
+  if (partial) {
+#pragma unroll
+    for (int blk = 0; blk < kBlocks; ++blk)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (16 * blk + 2 * grp + (e >> 1) >= n_valid) s[blk][e] = -INFINITY;
+  }
+  float mx[2] = {-INFINITY, -INFINITY}, m_new[2], alpha[2], psum[2] = {0.f, 0.f};
 #pragma unroll
   for (int blk = 0; blk < kBlocks; ++blk)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) mx = fmaxf(mx, s[blk][e]);
-  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-  const float m_new = fmaxf(st.m, mx);  // finite: a chunk starts at a valid token
-  const float alpha = exp2f(st.m - m_new);
-  st.m = m_new;
-  float psum = 0.f, zs = 0.f;
-  uint32_t pb[kBlocks][2];
+    for (int e = 0; e < 4; ++e) mx[e & 1] = fmaxf(mx[e & 1], s[blk][e]);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int x = 4; x <= 16; x <<= 1) mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], x));
+    m_new[h] = fmaxf(st.m[h], mx[h] * u_log2);  // finite: a chunk starts at a valid token
+    alpha[h] = exp2f(st.m[h] - m_new[h]);
+    st.m[h] = m_new[h];
+  }
+  // w = fp16(p) * scaleV as the B operand of the V mma: transposing the C layout (tokens ta, tb x
+  // heads) gives lane (grp, quad) head grp at tokens 4 quad + {0, 2} (from ta) and + {1, 3} (tb)
+  uint32_t wb[kBlocks][2];
 #pragma unroll
   for (int blk = 0; blk < kBlocks; ++blk) {
-    half w[4];
-    const uint2 vs = c.sz(blk, 2), vz = c.sz(blk, 3);
+    float pr[4];
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const float p = exp2f(s[blk][e] - m_new);
-      const bool valid = s[blk][e] != -INFINITY;  // masked tokens may hold garbage scales
-      psum += p;
-      w[e] = valid ? __float2half_rn(p * half_at(vs, e)) : __float2half_rn(0.f);
-      zs += valid ? __half2float(w[e]) * half_at(vz, e) : 0.f;
+      pr[e] = exp2f(fmaf(s[blk][e], u_log2, -m_new[e & 1]));
+      psum[e & 1] += pr[e];
     }
-    pb[blk][0] = h2_bits(__halves2half2(w[0], w[1]));
-    pb[blk][1] = h2_bits(__halves2half2(w[2], w[3]));
+    const half2 vs = bits_h2(c.sz_k(blk, 2));
+    uint32_t wa = h2_bits(__hmul2(__floats2half2_rn(pr[0], pr[1]), __low2half2(vs)));
+    uint32_t wt = h2_bits(__hmul2(__floats2half2_rn(pr[2], pr[3]), __high2half2(vs)));
+    if (partial) {  // p = 0 past the end, but 0 * a garbage scale may be NaN
+      const int t = 16 * blk + 2 * grp;
+      wa = t < n_valid ? wa : 0u;
+      wt = t + 1 < n_valid ? wt : 0u;
+    }
+    wb[blk][0] = transpose8x8(wa);
+    wb[blk][1] = transpose8x8(wt);
   }
-  st.l = st.l * alpha + psum;
-  st.zsum = st.zsum * alpha + zs;
-  if (__any_sync(0xffffffffu, alpha != 1.f)) {  // once the maxima settle, most chunks skip this
-    const float a0 = __shfl_sync(0xffffffffu, alpha, 8 * quad);  // columns g = 2*quad + {0,1}
-    const float a1 = __shfl_sync(0xffffffffu, alpha, 8 * quad + 4);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) st.l[h] = st.l[h] * alpha[h] + psum[h];
+  if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {  // once the maxima settle, most chunks skip this
 #pragma unroll
     for (int i = 0; i < D / 16; ++i) {
-      st.o[i][0] *= a0; st.o[i][1] *= a1; st.o[i][2] *= a0; st.o[i][3] *= a1;
+      st.o[i][0] *= alpha[0]; st.o[i][1] *= alpha[1]; st.o[i][2] *= alpha[0]; st.o[i][3] *= alpha[1];
     }
+    st.z[0] *= alpha[0]; st.z[1] *= alpha[1]; st.z[2] *= alpha[0]; st.z[3] *= alpha[1];
   }
 #pragma unroll
   for (int blk = 0; blk < kBlocks; ++blk) {
-    uint32_t vw[4][Chunk<D>::kVWords];
+    uint2 vz = c.sz_v(blk, 3);
+    if (partial) {  // w = 0 there, but 0 * a garbage zero may be NaN
+      const int t = 16 * blk + 4 * quad;
+      vz.x = keep_halves(vz.x, t < n_valid, t + 1 < n_valid);
+      vz.y = keep_halves(vz.y, t + 2 < n_valid, t + 3 < n_valid);
+    }
+    const uint32_t z02 = prmt(vz.x, vz.y, 0x5410), z13 = prmt(vz.x, vz.y, 0x7632);
+    mma_16816(st.z, z02, z02, z13, z13, wb[blk][0], wb[blk][1]);
+    uint32_t vw[4][C::kVWords];
 #pragma unroll
     for (int e = 0; e < 4; ++e) c.v(vw[e], blk, e);
 #pragma unroll
-    for (int w = 0; w < Chunk<D>::kVWords; ++w) {
-      // pair tokens (0,1) and (2,3) so each half2 holds one d of two tokens (the A layout)
-      uint32_t d01[4], d01h[4], d23[4], d23h[4];
-      dequant8(prmt(vw[0][w], vw[1][w], 0x5410), d01);
-      dequant8(prmt(vw[0][w], vw[1][w], 0x7632), d01h);
-      dequant8(prmt(vw[2][w], vw[3][w], 0x5410), d23);
-      dequant8(prmt(vw[2][w], vw[3][w], 0x7632), d23h);
-      mma_16816(st.o[4 * w + 0], d01[0], d01[1], d23[0], d23[1], pb[blk][0], pb[blk][1]);
-      mma_16816(st.o[4 * w + 1], d01[2], d01[3], d23[2], d23[3], pb[blk][0], pb[blk][1]);
-      mma_16816(st.o[4 * w + 2], d01h[0], d01h[1], d23h[0], d23h[1], pb[blk][0], pb[blk][1]);
-      mma_16816(st.o[4 * w + 3], d01h[2], d01h[3], d23h[2], d23h[3], pb[blk][0], pb[blk][1]);
+    for (int w = 0; w < C::kVWords; ++w) {
+      // pair tokens (0,2) and (1,3) so each half2 holds one d of two tokens (the A layout); rows
+      // grp + 8 of each m-tile get the high nibbles (16x, removed in the combine)
+      uint32_t d02[4], d02h[4], d13[4], d13h[4];
+      subnormal_codes8(prmt(vw[0][w], vw[2][w], 0x5410), d02);
+      subnormal_codes8(prmt(vw[0][w], vw[2][w], 0x7632), d02h);
+      subnormal_codes8(prmt(vw[1][w], vw[3][w], 0x5410), d13);
+      subnormal_codes8(prmt(vw[1][w], vw[3][w], 0x7632), d13h);
+      mma_16816(st.o[4 * w + 0], d02[0], d02[1], d13[0], d13[1], wb[blk][0], wb[blk][1]);
+      mma_16816(st.o[4 * w + 1], d02[2], d02[3], d13[2], d13[3], wb[blk][0], wb[blk][1]);
+      mma_16816(st.o[4 * w + 2], d02h[0], d02h[1], d13h[0], d13h[1], wb[blk][0], wb[blk][1]);
+      mma_16816(st.o[4 * w + 3], d02h[2], d02h[3], d13h[2], d13h[3], wb[blk][0], wb[blk][1]);
     }
   }
 }
 
-// Query fragments (A operand, rows g = grp; rows 8..15 are zero) in the permuted d order; the odd d
-// (which meet high nibbles, 1024 + 16 n) are divided by 16, exactly. Returns sum_d q_d; bias gets
-// sum_d q_d * 1024 over even d plus sum_d q_d * 64 over odd d, the biased codes' extra score.
+// Query fragments (B operand of the K mma, column g = grp; zero for g >= G) in the permuted d order;
+// the odd d (which meet high nibbles, 16 n) are divided by 16, exactly. Returns sum_d q[g, d].
 template <int D>
 __device__ __forceinline__ float load_query(const DecodeParams& p, int b, int head, int lane,
-                                            uint32_t (&qa)[D / 16][2], float& bias) {
+                                            uint32_t (&qb)[D / 16][2]) {
   const int quad = lane & 3, grp = lane >> 2;
   const half2 sixteenth = __float2half2_rn(0.0625f);
-  float qsum = 0.f, even = 0.f, odd = 0.f;
+  float qsum = 0.f;
 #pragma unroll
   for (int w = 0; w < D / 32; ++w) {
     uint4 raw = make_uint4(0, 0, 0, 0);
@@ -221,23 +276,14 @@ __device__ __forceinline__ float load_query(const DecodeParams& p, int b, int he
     const half* h = reinterpret_cast<const half*>(&raw);
 #pragma unroll
     for (int t = 0; t < 2; ++t) {
-      qa[2 * w + t][0] = h2_bits(__halves2half2(h[2 * t], h[2 * t + 4]));
-      qa[2 * w + t][1] = h2_bits(__hmul2(__halves2half2(h[2 * t + 1], h[2 * t + 5]), sixteenth));
+      qb[2 * w + t][0] = h2_bits(__halves2half2(h[2 * t], h[2 * t + 4]));
+      qb[2 * w + t][1] = h2_bits(__hmul2(__halves2half2(h[2 * t + 1], h[2 * t + 5]), sixteenth));
     }
 #pragma unroll
-    for (int i = 0; i < 8; i += 2) {
-      even += __half2float(h[i]);
-      odd += __half2float(h[i + 1]);
-    }
+    for (int i = 0; i < 8; ++i) qsum += __half2float(h[i]);
   }
-  qsum = even + odd;
-#pragma unroll
-  for (int x = 1; x <= 2; x <<= 1) {
-    qsum += __shfl_xor_sync(0xffffffffu, qsum, x);
-    even += __shfl_xor_sync(0xffffffffu, even, x);
-    odd += __shfl_xor_sync(0xffffffffu, odd, x);
-  }
-  bias = 1024.f * even + 64.f * odd;
+  qsum += __shfl_xor_sync(0xffffffffu, qsum, 1);
+  qsum += __shfl_xor_sync(0xffffffffu, qsum, 2);
   return qsum;
 }
 
@@ -254,40 +300,45 @@ __global__ void __launch_bounds__(kThreads, 4) decode_kv4_kernel(const DecodePar
 
   constexpr int kRow = C::kRow;
   const int H = p.num_kv_heads;
-  const int code_off = head * kPageTokens * kRow;
   const int scale_off = H * kPageTokens * kRow + head * kPageTokens * 2;
-  const int zero_off = scale_off + H * kPageTokens * 2;
+  const CopyPlan<D> plan(p, head * kPageTokens * kRow, scale_off, scale_off + H * kPageTokens * 2, lane);
   const int32_t* table = p.page_table + (size_t)b * p.page_table_stride;
   uint8_t* ring = smem + warp * C::kStages * C::kSlotBytes;
   const uint32_t ring_addr = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
-  // the warp's i-th chunk is chunk warp + i*kWarps, in slot i % kStages; one commit group each
-  auto issue = [&](int i) {
-    const int chunk = warp + i * kWarps;
-    if (chunk < n_chunks) {
-      const int tok = tok_begin + chunk * C::kTokens;
-      const int64_t page = table[tok / kPageTokens];
-      issue_chunk<D>(ring_addr + (i % C::kStages) * C::kSlotBytes, p.k_pages + page * p.page_bytes,
-                     p.v_pages + page * p.page_bytes, code_off, scale_off, zero_off, tok % kPageTokens, lane);
-    }
+  // The warp's i-th chunk is chunk warp + i*kWarps, in slot i % kStages; one commit group each. Its
+  // page id is read one iteration before the copy that needs it, off the loop's critical path.
+  auto first_token = [&](int i) { return tok_begin + (warp + i * kWarps) * C::kTokens; };
+  auto page_of = [&](int i) { return warp + i * kWarps < n_chunks ? table[first_token(i) / kPageTokens] : 0; };
+  auto issue = [&](int i, int page) {
+    if (warp + i * kWarps < n_chunks)
+      plan.issue(p, ring_addr + (i % C::kStages) * C::kSlotBytes, (int64_t)page * p.page_bytes,
+                 first_token(i) % kPageTokens, lane);
     cp_async_commit();
   };
 #pragma unroll
-  for (int i = 0; i < C::kStages - 1; ++i) issue(i);
+  for (int i = 0; i < C::kStages - 1; ++i) issue(i, page_of(i));
+  int next_page = page_of(C::kStages - 1);
 
-  uint32_t qa[D / 16][2];
-  float bias;  // sum over d of q_d * (the bias of K code d), removed from every score
-  const float qsum = load_query<D>(p, b, head, lane, qa, bias);
+  uint32_t qb[D / 16][2];
+  const float qsum = load_query<D>(p, b, head, lane, qb);
+  const int quad = lane & 3;
+  const float qs[2] = {__shfl_sync(0xffffffffu, qsum, 8 * quad) * 0x1p-24f,  // heads 2 quad + {0, 1}
+                       __shfl_sync(0xffffffffu, qsum, 8 * quad + 4) * 0x1p-24f};
+  const float u_log2 = p.scale_log2 * 0x1p24f;
   WarpState<D> st;
 #pragma unroll
   for (int i = 0; i < D / 16; ++i) st.o[i][0] = st.o[i][1] = st.o[i][2] = st.o[i][3] = 0.f;
-  st.m = -INFINITY; st.l = 0.f; st.zsum = 0.f;
+  st.z[0] = st.z[1] = st.z[2] = st.z[3] = 0.f;
+  st.m[0] = st.m[1] = -INFINITY;
+  st.l[0] = st.l[1] = 0.f;
 
   for (int i = 0; warp + i * kWarps < n_chunks; ++i) {
     cp_async_wait<C::kStages - 2>();  // chunk i has landed (groups complete in order)
     __syncwarp();  // ... for every lane: each lane copied pieces that other lanes read
-    issue(i + C::kStages - 1);  // refills the slot read in the previous iteration
+    issue(i + C::kStages - 1, next_page);  // refills the slot read in the previous iteration
+    next_page = page_of(i + C::kStages);
     const SlotReader<D> c{ring + (i % C::kStages) * C::kSlotBytes, lane};
-    attend_chunk<D>(c, qa, qsum, bias, p.scale_log2, tok_begin + (warp + i * kWarps) * C::kTokens, seq_len, st, lane);
+    attend_chunk<D>(c, qb, qs, u_log2, seq_len - first_token(i), st, lane);
   }
   cp_async_wait<0>();
   __syncthreads();  // the ring becomes the combine's scratch

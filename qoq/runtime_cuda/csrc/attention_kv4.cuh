@@ -48,13 +48,6 @@ cudaError_t launch_rope_kv4_write(const RopeWriteParams& p, int head_dim, cudaSt
 
 // ---- device helpers ---------------------------------------------------------------------------
 
-template <int kLut>
-__device__ __forceinline__ uint32_t lop3(uint32_t a, uint32_t b, uint32_t c) {
-  uint32_t r;
-  asm("lop3.b32 %0, %1, %2, %3, %4;" : "=r"(r) : "r"(a), "r"(b), "r"(c), "n"(kLut));
-  return r;
-}
-
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   uint32_t r;
   asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
@@ -64,38 +57,17 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
 __device__ __forceinline__ uint32_t h2_bits(half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
 __device__ __forceinline__ half2 bits_h2(uint32_t u) { return *reinterpret_cast<half2*>(&u); }
 
-// 8 nibbles n0..n7 of x (n0 lowest) -> out[i] = half2 of codes i and i+4 as exact fp16 values with
-// a bias: (n | 0x6400) is the fp16 1024 + n, and a nibble at bits 4..7 gives 1024 + 16 n. Two logic
-// ops per 4 codes; the caller folds the scale 16 and the 1024 offsets into fp32 corrections. Fine
-// for K (8 MMAs per score); V's long fp32 MMA accumulations lost ~2e-3 to the bias, so V uses dequant8.
-//   out[0] = 1024 + (n0, n4)   out[1] = 1024 + 16 (n1, n5)   out[2] = 1024 + (n2, n6)   out[3] = 1024 + 16 (n3, n7)
-__device__ __forceinline__ void biased_codes8(uint32_t x, uint32_t (&out)[4]) {
-  constexpr uint32_t kMagic = 0x64006400u;
-  constexpr int kAndOr = (0xF0 & 0xCC) | 0xAA;  // (a & b) | c
-  out[0] = lop3<kAndOr>(x, 0x000f000fu, kMagic);
-  out[1] = lop3<kAndOr>(x, 0x00f000f0u, kMagic);
+// 8 nibbles n0..n7 of x (n0 lowest) -> out[i] = half2 of two codes as exact fp16 subnormals (value
+// bits * 2^-24): masking is the whole dequantization, one logic op per 2 codes plus a shift. A nibble
+// at bits 4..7 reads 16 n; the caller divides its partner (q) or its output row by 16, and removes
+// the 2^-24 in fp32. Tensor-core products of subnormal fp16 are exact, so nothing is lost.
+//   out[0] = (n0, n4)   out[1] = 16 (n1, n5)   out[2] = (n2, n6)   out[3] = 16 (n3, n7)   (times 2^-24)
+__device__ __forceinline__ void subnormal_codes8(uint32_t x, uint32_t (&out)[4]) {
+  out[0] = x & 0x000f000fu;
+  out[1] = x & 0x00f000f0u;
   x >>= 8;
-  out[2] = lop3<kAndOr>(x, 0x000f000fu, kMagic);
-  out[3] = lop3<kAndOr>(x, 0x00f000f0u, kMagic);
-}
-
-// 8 nibbles n0..n7 of x (n0 lowest) -> out[i] = half2(n_i, n_{i+4}) as exact fp16 integers.
-// (n | 0x6400) is the fp16 1024 + n; a nibble at bits 4..7 gives 1024 + 16 n, fixed by an fma.
-__device__ __forceinline__ void dequant8(uint32_t x, uint32_t (&out)[4]) {
-  constexpr uint32_t kMagic = 0x64006400u;
-  constexpr int kAndOr = (0xF0 & 0xCC) | 0xAA;  // (a & b) | c
-  const uint32_t lo0 = lop3<kAndOr>(x, 0x000f000fu, kMagic);
-  const uint32_t hi0 = lop3<kAndOr>(x, 0x00f000f0u, kMagic);
-  x >>= 8;
-  const uint32_t lo1 = lop3<kAndOr>(x, 0x000f000fu, kMagic);
-  const uint32_t hi1 = lop3<kAndOr>(x, 0x00f000f0u, kMagic);
-  const half2 magic = bits_h2(kMagic);
-  const half2 sixteenth = __float2half2_rn(1.f / 16.f);
-  const half2 minus64 = __float2half2_rn(-64.f);
-  out[0] = h2_bits(__hsub2(bits_h2(lo0), magic));
-  out[1] = h2_bits(__hfma2(bits_h2(hi0), sixteenth, minus64));
-  out[2] = h2_bits(__hsub2(bits_h2(lo1), magic));
-  out[3] = h2_bits(__hfma2(bits_h2(hi1), sixteenth, minus64));
+  out[2] = x & 0x000f000fu;
+  out[3] = x & 0x00f000f0u;
 }
 
 // d[4] += A(16x16, fp16, 4 regs) * B(16x8, fp16, 2 regs), fp32 accumulate.
