@@ -8,7 +8,9 @@
    scales/zeros) against a measured device-to-device copy;
 3. KV4 write throughput and prefill attention at 64 x 1024 tokens next to SDPA.
 Timing (DESIGN §6, CUDA events, median of REPS): decode as CUDA-graph replays over rotating input sets
-(> 3x L2, so every call reads HBM; no host overhead); write and prefill with L2 flushed before each run.
+(> 3x L2, so every call reads HBM; no host overhead), once per ring-stage option; write and prefill with
+L2 flushed before each run. `--resummarize JSON` re-derives the planned rows and the summary from the
+timed options after a change to attention.plan_stages / split_plan.
 """
 
 from __future__ import annotations
@@ -106,9 +108,13 @@ def check_correctness(gen) -> list[dict]:
             q = torch.randn(batch, hq, dim, device="cuda", generator=gen).half()
             seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
             expected = ref.decode_attention(q, *pools, table, seq_lens)
+            launches = [(s, None) for s in (None, 1, 5, 64)] + [(s, 2 if dim == 128 else None) for s in (None, 5)]
+            if dim == 128:
+                launches += [(None, 3), (5, 3)]
             errs = {
-                str(s): rel_err(attention.decode_attention(q, *pools, table, seq_lens, max(lens), num_splits=s), expected)
-                for s in (None, 1, 5, 64)
+                f"splits={s},stages={st}": rel_err(attention.decode_attention(q, *pools, table, seq_lens, max(lens),
+                                                                             num_splits=s, num_stages=st), expected)
+                for s, st in launches
             }
             rows.append({
                 "head_dim": dim, "group": group, "lens": lens,
@@ -157,9 +163,11 @@ def bench_decode(model, batch, length) -> dict:
     kv4_bytes = 2 * batch * hkv * length * (dim // 2 + 4)
     sets = decode_sets(hq, hkv, dim, batch, length)
     row["kv4_sets"] = len(sets)
-    row["kv4_ms"] = graph_ms([lambda s=s: attention.decode_attention(s[0], s[1], s[2], s[3], seq_lens, length)
-                              for s in sets])
-    row["kv4_tbps"] = kv4_bytes / row["kv4_ms"] / 1e9
+    row["kv4_ms_by_stages"] = {
+        st: graph_ms([lambda s=s: attention.decode_attention(s[0], s[1], s[2], s[3], seq_lens, length, num_stages=st)
+                      for s in sets])
+        for st in ((2, 3) if dim == 128 else (2,))
+    }
     del sets
     fp16_bytes = 2 * batch * hkv * length * dim * 2
     sets = [(torch.randn(batch, hq, 1, dim, device="cuda").half(),
@@ -174,8 +182,42 @@ def bench_decode(model, batch, length) -> dict:
         row["sdpa_ms"] = min(row["sdpa_ms"], row["sdpa_expanded_ms"])
         del expanded
     row["sdpa_tbps"] = fp16_bytes / row["sdpa_ms"] / 1e9  # FP16 K+V bytes of the model
-    row["splits"] = attention.split_plan(batch, hkv, length, torch.cuda.get_device_properties(0).multi_processor_count)[0]
     return row
+
+
+def with_plan(row, sms, copy_tbps):
+    """The row's KV4 figures for the launch attention.py plans (splits, ring stages) out of the timed
+    stage options."""
+    hq, hkv, dim = MODELS[row["model"]]
+    batch, length = row["batch"], row["length"]
+    splits = attention.split_plan(batch, hkv, length, sms)[0]
+    row["splits"], row["stages"] = splits, attention.plan_stages(batch, hkv, splits, dim, sms)
+    row["kv4_ms"] = row["kv4_ms_by_stages"][str(row["stages"])]
+    row["kv4_tbps"] = 2 * batch * hkv * length * (dim // 2 + 4) / row["kv4_ms"] / 1e9
+    row["speedup_vs_sdpa"] = row["sdpa_ms"] / row["kv4_ms"]
+    row["bandwidth_fraction"] = row["kv4_tbps"] / copy_tbps
+    return row
+
+
+def summarize(result) -> dict:
+    decode = result["decode"]
+    pick = lambda m, b, l: next(r for r in decode if (r["model"], r["batch"], r["length"]) == (m, b, l))  # noqa: E731
+    return {
+        "gpu": result["gpu"],
+        "speedup_vs_sdpa_b64_l1536": pick("llama2-7b", 64, 1536)["speedup_vs_sdpa"],
+        "speedup_vs_sdpa_b64_l1536_gqa": pick("llama3-8b", 64, 1536)["speedup_vs_sdpa"],
+        "min_bandwidth_fraction_b_ge_64": min(r["bandwidth_fraction"] for r in decode if r["batch"] >= 64),
+        "speedup_vs_sdpa_b1_min": min(r["speedup_vs_sdpa"] for r in decode if r["batch"] == 1),
+        "correctness_ok": all(r["ok"] for r in result["correctness"]),
+        "copy_bandwidth_tbps": result["copy_bandwidth_tbps"],
+    }
+
+
+def save(result, out: Path):
+    result = {"summary": summarize(result), **{k: v for k, v in result.items() if k != "summary"}}
+    (out / "attention_h200.json").write_text(json.dumps(result, indent=1))
+    plot(result["decode"], out / "attention_h200.png")
+    print(json.dumps(result["summary"], indent=1))
 
 
 SWEEP = [(1, 512), (1, 1536), (1, 4096), (16, 1536), (16, 4096)]  # (batch, length)
@@ -263,16 +305,28 @@ def plot(rows, path):
 def main():
     global _flush
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--out", type=Path)
     ap.add_argument("--command", default="PYTHONPATH=. python bench/attention_h200.py --out $OUT")
+    ap.add_argument("--resummarize", type=Path,
+                    help="recompute the planned rows and the summary of a results JSON (after a plan change)")
     args = ap.parse_args()
+    if args.resummarize:
+        result = json.loads(args.resummarize.read_text())
+        for row in result["decode"]:
+            with_plan(row, result["multiprocessors"], result["copy_bandwidth_tbps"])
+        save(result, args.resummarize.parent)
+        return
+    if args.out is None:
+        ap.error("--out is required")
     args.out.mkdir(parents=True, exist_ok=True)
     _flush = torch.empty(512 << 20, dtype=torch.uint8, device="cuda")
     t0 = time.time()
     attention.extension()
     print(f"build: {time.time() - t0:.0f} s", flush=True)
     gen = torch.Generator(device="cuda").manual_seed(int(time.time()))
-    result = {"command": args.command, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    result = {"command": args.command, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "multiprocessors": sms}
     result["copy_bandwidth_tbps"] = bw = copy_bandwidth_tbps()
     result["correctness"] = check_correctness(gen)
     decode = []
@@ -280,11 +334,12 @@ def main():
         for batch in BATCHES:
             for length in LENGTHS:
                 row = bench_decode(model, batch, length)
-                row["speedup_vs_sdpa"] = row["sdpa_ms"] / row["kv4_ms"]
-                row["bandwidth_fraction"] = row["kv4_tbps"] / bw
+                row["kv4_ms_by_stages"] = {str(k): v for k, v in row["kv4_ms_by_stages"].items()}
+                with_plan(row, sms, bw)
                 decode.append(row)
+                by_stages = " ".join(f"s{k}={v * 1e3:.1f}" for k, v in row["kv4_ms_by_stages"].items())
                 print(f"{model} B={batch:3d} L={length:4d} kv4 {row['kv4_ms']*1e3:8.1f} us "
-                      f"({row['kv4_tbps']:.2f} TB/s) "
+                      f"({row['kv4_tbps']:.2f} TB/s; {by_stages}) "
                       f"sdpa {row['sdpa_ms']*1e3:8.1f} us ({row['sdpa_tbps']:.2f} TB/s) "
                       f"x{row['speedup_vs_sdpa']:.2f} splits={row['splits']}", flush=True)
     result["decode"] = decode
@@ -292,19 +347,7 @@ def main():
     result["prefill"] = [bench_prefill(m) for m in MODELS]
     for r in result["prefill"]:
         print(r, flush=True)
-    pick = lambda m, b, l: next(r for r in decode if (r["model"], r["batch"], r["length"]) == (m, b, l))  # noqa: E731
-    result["summary"] = {
-        "gpu": result["gpu"],
-        "speedup_vs_sdpa_b64_l1536": pick("llama2-7b", 64, 1536)["speedup_vs_sdpa"],
-        "speedup_vs_sdpa_b64_l1536_gqa": pick("llama3-8b", 64, 1536)["speedup_vs_sdpa"],
-        "min_bandwidth_fraction_b_ge_64": min(r["bandwidth_fraction"] for r in decode if r["batch"] >= 64),
-        "speedup_vs_sdpa_b1_min": min(r["speedup_vs_sdpa"] for r in decode if r["batch"] == 1),
-        "correctness_ok": all(r["ok"] for r in result["correctness"]),
-        "copy_bandwidth_tbps": bw,
-    }
-    (args.out / "attention_h200.json").write_text(json.dumps(result, indent=1))
-    plot(decode, args.out / "attention_h200.png")
-    print(json.dumps(result["summary"], indent=1))
+    save(result, args.out)
 
 
 if __name__ == "__main__":

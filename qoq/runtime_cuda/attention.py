@@ -18,6 +18,7 @@ from qoq.runtime_cuda.build import load_extension
 SOURCES = ("attention_decode_kv4.cu", "kv_rope_write.cu", "attention_bindings.cu")
 MAX_SPLITS = 64  # the kernel's combine step holds one weight per split in shared memory
 SHORT_PAGES = 8
+CTAS_PER_SM = 4  # the decode kernel's occupancy (its registers and shared memory)
 _counters: dict[torch.device, torch.Tensor] = {}
 
 
@@ -44,6 +45,15 @@ def split_plan(batch: int, num_kv_heads: int, max_seq_len: int, num_sms: int, nu
     return math.ceil(max_pages / pages_per_split), pages_per_split
 
 
+def plan_stages(batch: int, num_kv_heads: int, num_splits: int, head_dim: int, num_sms: int) -> int:
+    """Ring slots per warp of the decode kernel: three (head_dim 128 only; D = 64 chunks are twice the
+    bytes) keep more copies in flight, which pays once the grid is two or more waves of CTAs; in a
+    single wave two start faster, the first burst of copies being smaller (measured on H200:
+    kv4_ms_by_stages in bench/results/attention_h200.json)."""
+    waves = batch * num_kv_heads * num_splits / (CTAS_PER_SM * num_sms)
+    return 3 if head_dim == 128 and waves >= 2 else 2
+
+
 def _counter_buffer(device: torch.device, n: int) -> torch.Tensor:
     """Per-device split counters; the kernel leaves them at zero, so they are zeroed only once."""
     buf = _counters.get(device)
@@ -62,16 +72,23 @@ def decode_attention(
     max_seq_len: int,
     scale: float | None = None,
     num_splits: int | None = None,
+    num_stages: int | None = None,
 ) -> torch.Tensor:
     """q [B, Hq, D] fp16, pages [P, page_bytes] uint8, page_table int32 [B, >= ceil(max_seq_len/64)],
-    seq_lens int32 [B] (each in 1..max_seq_len) -> [B, Hq, D] fp16. GQA group Hq/Hkv <= 8; D 64 or 128."""
+    seq_lens int32 [B] (each in 1..max_seq_len) -> [B, Hq, D] fp16. GQA group Hq/Hkv <= 8; D 64 or 128.
+    num_splits / num_stages pin the launch (default: split_plan / plan_stages)."""
     b, hq, d = q.shape
     if d not in (64, 128):
         raise ValueError(f"head_dim {d} unsupported (64 or 128)")
     h_kv = k_pages.shape[1] // (PAGE_TOKENS * (d // 2 + 4))
     if h_kv == 0 or hq % h_kv or hq // h_kv > 8:
         raise ValueError(f"{hq} query heads over {h_kv} KV heads: need a group size of 1..8")
-    splits, pages_per_split = split_plan(b, h_kv, max_seq_len, _num_sms(q.device.index or 0), num_splits)
+    num_sms = _num_sms(q.device.index or 0)
+    splits, pages_per_split = split_plan(b, h_kv, max_seq_len, num_sms, num_splits)
+    if num_stages is None:
+        num_stages = plan_stages(b, h_kv, splits, d, num_sms)
+    elif num_stages not in ((2, 3) if d == 128 else (2,)):
+        raise ValueError(f"num_stages {num_stages} unsupported for head_dim {d} (2, or 3 at head_dim 128)")
     out = torch.empty_like(q)
     group = hq // h_kv
     if splits > 1:
@@ -84,7 +101,7 @@ def decode_attention(
     scale = 1 / math.sqrt(d) if scale is None else scale
     extension().decode_kv4(
         q, k_pages, v_pages, page_table, seq_lens, out, part_o, part_ml, counters,
-        h_kv, splits, pages_per_split, scale,
+        h_kv, splits, pages_per_split, num_stages, scale,
     )
     return out
 

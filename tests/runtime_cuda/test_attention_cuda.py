@@ -76,9 +76,17 @@ def test_decode_attention_matches_reference(group, dim):
     (k_pool, v_pool), table, seq_lens = _random_cache(lens, hkv, dim, gen)
     q = torch.randn(len(lens), hkv * group, dim, device="cuda", generator=gen).half()
     expected = ref.decode_attention(q, k_pool, v_pool, table, seq_lens)
-    for splits in (None, 1, 7, 64):
-        out = attention.decode_attention(q, k_pool, v_pool, table, seq_lens, max(lens), num_splits=splits)
-        assert _rel(out, expected) < 1e-3, f"num_splits={splits}"
+    for splits, stages in [(None, None), (1, 2), (7, 2), (64, 2)] + ([(1, 3), (7, 3)] if dim == 128 else []):
+        out = attention.decode_attention(q, k_pool, v_pool, table, seq_lens, max(lens), num_splits=splits, num_stages=stages)
+        assert _rel(out, expected) < 1e-3, f"num_splits={splits} num_stages={stages}"
+
+
+def test_decode_attention_rejects_unsupported_stages():
+    q = torch.randn(1, 2, 64, device="cuda").half()
+    pool = torch.zeros(1, ref.page_bytes(2, 64), dtype=torch.uint8, device="cuda")
+    one = torch.ones(1, 1, dtype=torch.int32, device="cuda")
+    with pytest.raises(ValueError, match="num_stages 3 unsupported for head_dim 64"):
+        attention.decode_attention(q, pool, pool, one, one[0], 1, num_stages=3)
 
 
 def test_decode_attention_rejects_large_groups():

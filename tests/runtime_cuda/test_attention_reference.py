@@ -159,3 +159,18 @@ def test_page_table_alloc_append_free():
 def test_bad_page_shape_is_named():
     with pytest.raises(ValueError, match="page has 100 bytes"):
         ref.page_views(torch.zeros(2, 100, dtype=torch.uint8), 3, 64)
+
+
+def test_decode_launch_plans():
+    """split_plan / plan_stages (qoq/runtime_cuda/attention.py): the launch shapes the H200 sweeps chose."""
+    from qoq.runtime_cuda.attention import plan_stages, split_plan
+
+    sms = 132
+    assert split_plan(64, 32, 1536, sms) == (1, 24)  # 2048 CTAs: no split
+    assert split_plan(1, 8, 4096, sms) == (16, 4)  # B=1: about one CTA per SM, >= 3 pages each
+    assert split_plan(1, 8, 300, sms) == (5, 1)  # a short sequence splits by single pages
+    # three ring slots once the grid is two or more waves of 4 CTAs per SM
+    assert plan_stages(64, 32, 1, 128, sms) == 3  # Llama-2-7B B=64: 2048 CTAs
+    assert plan_stages(64, 8, 1, 128, sms) == 2  # Llama-3-8B B=64: 512 CTAs, one wave
+    assert plan_stages(1, 8, 16, 128, sms) == 2  # B=1, split 16 ways: 128 CTAs
+    assert plan_stages(256, 32, 1, 64, sms) == 2  # head_dim 64: two slots only

@@ -17,7 +17,8 @@ void check(const torch::Tensor& t, const char* name, at::ScalarType dtype, int d
 void decode_kv4(const torch::Tensor& q, const torch::Tensor& k_pages, const torch::Tensor& v_pages,
                 const torch::Tensor& page_table, const torch::Tensor& seq_lens, torch::Tensor& out,
                 torch::Tensor& part_o, torch::Tensor& part_ml, torch::Tensor& counters,
-                int64_t num_kv_heads, int64_t num_splits, int64_t pages_per_split, double scale) {
+                int64_t num_kv_heads, int64_t num_splits, int64_t pages_per_split, int64_t num_stages,
+                double scale) {
   check(q, "q", at::kHalf, 3);
   check(k_pages, "k_pages", at::kByte, 2);
   check(v_pages, "v_pages", at::kByte, 2);
@@ -56,10 +57,11 @@ void decode_kv4(const torch::Tensor& q, const torch::Tensor& k_pages, const torc
   p.group = G;
   p.num_splits = num_splits;
   p.pages_per_split = pages_per_split;
+  p.num_stages = num_stages;
   p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
   const cudaError_t err = qoq_attn::launch_decode_kv4(p, D, c10::cuda::getCurrentCUDAStream());
-  TORCH_CHECK(err == cudaSuccess, "decode_kv4 launch failed (head_dim ", D, ", group ", G,
-              ", splits ", num_splits, "): ", cudaGetErrorString(err));
+  TORCH_CHECK(err == cudaSuccess, "decode_kv4 launch failed (head_dim ", D, ", group ", G, ", splits ", num_splits,
+              ", stages ", num_stages, "): ", cudaGetErrorString(err));
 }
 
 void rope_kv4_write(const torch::Tensor& qkv, const torch::Tensor& positions, const torch::Tensor& slots,

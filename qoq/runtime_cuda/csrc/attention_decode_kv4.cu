@@ -2,7 +2,7 @@
 //
 // One CTA per (split of the KV length, KV head, sequence); all G <= 8 query heads of the KV head
 // share it, so each K/V byte is read once. Each warp walks chunks of 16*256/D tokens through a
-// ring of kStages shared-memory slots (the page's bytes, swizzled) filled by 16-byte cp.async, so
+// ring of 2 or 3 shared-memory slots (the page's bytes, swizzled) filled by 16-byte cp.async, so
 // several chunks' loads are in flight without holding registers. Math runs on the tensor cores, on
 // the 4-bit codes themselves read as fp16 subnormals (subnormal_codes8: a mask per 2 codes):
 //   S[t, g] = sum_d codeK[t,d] * q[g,d]            (mma: A = codes, 16 tokens; B = q, 8 heads)
@@ -23,8 +23,9 @@ namespace {
 
 constexpr int kWarps = kDecodeWarps;
 constexpr int kThreads = kDecodeThreads;
-// per CTA, so that four CTAs (16 warps: enough to keep the issue slots busy) fit an SM
-constexpr int kRingBytes = 52 * 1024;
+// Shared memory per CTA for the ring: four CTAs (16 warps) must fit an SM, so a D = 128 ring holds
+// at most 3 chunks per warp, a D = 64 ring 2.
+constexpr int kMaxRingBytes = 52 * 1024;
 
 template <int D>
 struct Chunk {
@@ -42,10 +43,8 @@ struct Chunk {
   static constexpr int kSOffset = 2 * kCodeBytes;
   static constexpr int kVecPieces = kTokens * 2 / 16;  // 16-byte pieces per scale/zero vector
   static constexpr int kSlotBytes = kSOffset + 4 * kTokens * 2;
-  static constexpr int kStages = kRingBytes / (kWarps * kSlotBytes);  // 3 (D=128) or 2 (D=64)
   static_assert(kCodeBytes == 2048 && 4 * kVecPieces <= 32, "one round of copies per lane");
-  static_assert(kStages >= 2, "the ring needs two slots per warp");
-  static_assert(kWarps * kMaxGroup * D * 4 <= kRingBytes, "the combine reuses the ring");
+  static_assert(kWarps * kMaxGroup * D * 4 <= 2 * kWarps * kSlotBytes, "the combine reuses the ring");
 };
 
 // XOR of the 16-byte piece index within each 128 bytes of a code region, by token row, so that
@@ -86,18 +85,19 @@ struct CopyPlan {
     vec_pool = lane >= 4 * C::kVecPieces ? nullptr : a < 2 ? p.k_pages : p.v_pages;
   }
 
-  // Start copying the kTokens tokens from token tok0 of page byte offset page_off into a ring slot.
-  __device__ __forceinline__ void issue(const DecodeParams& p, uint32_t slot, int64_t page_off, int tok0,
-                                        int lane) const {
-    const uint8_t* k_src = p.k_pages + page_off + src + tok0 * C::kRow;
-    const uint8_t* v_src = p.v_pages + page_off + src + tok0 * C::kRow;
+  // Start copying the kTokens tokens from token tok0 of page `page` into a ring slot.
+  __device__ __forceinline__ void issue(const DecodeParams& p, uint32_t slot, int page, int tok0, int lane) const {
+    const uint64_t page_off = static_cast<uint64_t>(static_cast<uint32_t>(page)) * static_cast<uint32_t>(p.page_bytes);
+    const uint8_t* k_src = p.k_pages + page_off + static_cast<uint32_t>(src + tok0 * C::kRow);
+    const uint8_t* v_src = p.v_pages + page_off + static_cast<uint32_t>(src + tok0 * C::kRow);
 #pragma unroll
     for (int i = 0; i < C::kCodePieces; ++i) {
       const uint32_t d = slot + dst[i & 1] + (i >> 1) * 1024;
       cp_async<16>(d, k_src + i * 512);
       cp_async<16>(d + C::kVOffset, v_src + i * 512);
     }
-    if (vec_pool != nullptr) cp_async<16>(slot + C::kSOffset + lane * 16, vec_pool + page_off + vec_src + tok0 * 2);
+    if (vec_pool != nullptr)
+      cp_async<16>(slot + C::kSOffset + lane * 16, vec_pool + page_off + static_cast<uint32_t>(vec_src + tok0 * 2));
   }
 };
 
@@ -143,8 +143,8 @@ __device__ __forceinline__ uint32_t transpose8x8(uint32_t x) {
 
 // One chunk. Lane (grp, quad) scores tokens ta = 16 blk + 2 grp, tb = ta + 1 for query heads
 // g = 2 quad + {0, 1}: s[blk][2 i + h] is token ta + i, head 2 quad + h. n_valid: tokens of the
-// chunk below seq_len (>= 1; fewer than kTokens only in a sequence's last chunk, whose tail may
-// hold garbage, NaN scales included). qs[h]: sum_d q[g,d] * 2^-24 (scores are kept in "u" units,
+// chunk below the split's end (>= 1; fewer than kTokens only in a sequence's last chunk, whose tail
+// may hold garbage, NaN scales included). qs[h]: sum_d q[g,d] * 2^-24 (scores are kept in "u" units,
 // (sum_d q code - zeroK sum_d q) 2^-24 scaleK); u_log2: u -> log2 units.
 template <int D>
 __device__ __forceinline__ void attend_chunk(const SlotReader<D>& c, const uint32_t (&qb)[D / 16][2],
@@ -287,37 +287,46 @@ __device__ __forceinline__ float load_query(const DecodeParams& p, int b, int he
   return qsum;
 }
 
-template <int D>
+// kStages: ring slots per warp (chunks in flight + 1). Three cover the memory latency better in long
+// runs of chunks, two start faster (a smaller first burst of copies); attention.py picks.
+template <int D, int kStages>
 __global__ void __launch_bounds__(kThreads, 4) decode_kv4_kernel(const DecodeParams p) {
   using C = Chunk<D>;
+  static_assert(kStages >= 2 && kStages * kWarps * C::kSlotBytes <= kMaxRingBytes, "2 or more slots that fit");
+  constexpr int kStride = kWarps * C::kTokens;  // tokens from one of a warp's chunks to its next
   extern __shared__ __align__(16) uint8_t smem[];
   const int split = blockIdx.x, head = blockIdx.y, b = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int seq_len = p.seq_lens[b];
   const int tok_begin = split * p.pages_per_split * kPageTokens;
+  const int32_t* table = p.page_table + (size_t)b * p.page_table_stride;
+  const int table_tokens = p.page_table_stride * kPageTokens;
+  // Loads that do not wait for seq_len go first, so their latencies overlap: the page ids of the
+  // warp's first kStages chunks (within the table row; ids past the sequence are never used).
+  int t = tok_begin + warp * C::kTokens;  // first token of the warp's next chunk to compute
+  int page[kStages];
+#pragma unroll
+  for (int i = 0; i < kStages; ++i) {
+    const int tok = t + i * kStride;
+    page[i] = tok < table_tokens ? table[static_cast<uint32_t>(tok) / kPageTokens] : 0;
+  }
+  const int seq_len = p.seq_lens[b];
   const int tok_end = min(seq_len, tok_begin + p.pages_per_split * kPageTokens);
-  const int n_chunks = tok_end > tok_begin ? (tok_end - tok_begin + C::kTokens - 1) / C::kTokens : 0;
 
   constexpr int kRow = C::kRow;
   const int H = p.num_kv_heads;
   const int scale_off = H * kPageTokens * kRow + head * kPageTokens * 2;
   const CopyPlan<D> plan(p, head * kPageTokens * kRow, scale_off, scale_off + H * kPageTokens * 2, lane);
-  const int32_t* table = p.page_table + (size_t)b * p.page_table_stride;
-  uint8_t* ring = smem + warp * C::kStages * C::kSlotBytes;
-  const uint32_t ring_addr = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
-  // The warp's i-th chunk is chunk warp + i*kWarps, in slot i % kStages; one commit group each. Its
-  // page id is read one iteration before the copy that needs it, off the loop's critical path.
-  auto first_token = [&](int i) { return tok_begin + (warp + i * kWarps) * C::kTokens; };
-  auto page_of = [&](int i) { return warp + i * kWarps < n_chunks ? table[first_token(i) / kPageTokens] : 0; };
-  auto issue = [&](int i, int page) {
-    if (warp + i * kWarps < n_chunks)
-      plan.issue(p, ring_addr + (i % C::kStages) * C::kSlotBytes, (int64_t)page * p.page_bytes,
-                 first_token(i) % kPageTokens, lane);
+  uint8_t* ring_ptr = smem + warp * kStages * C::kSlotBytes;  // this warp's ring
+  const uint32_t ring = static_cast<uint32_t>(__cvta_generic_to_shared(ring_ptr));
+  // The warp's chunks start at tokens t, t + kStride, ... below tok_end; one commit group each (empty
+  // past the end), in ring slots 0, 1, .., kStages - 1, 0, ... (byte offsets in the ring).
+  auto issue = [&](int tok, int page_id, uint32_t slot_off) {
+    if (tok < tok_end) plan.issue(p, ring + slot_off, page_id, static_cast<uint32_t>(tok) % kPageTokens, lane);
     cp_async_commit();
   };
 #pragma unroll
-  for (int i = 0; i < C::kStages - 1; ++i) issue(i, page_of(i));
-  int next_page = page_of(C::kStages - 1);
+  for (int i = 0; i < kStages - 1; ++i) issue(t + i * kStride, page[i], i * C::kSlotBytes);
+  int next_page = page[kStages - 1];  // read one iteration before the copy that needs it
 
   uint32_t qb[D / 16][2];
   const float qsum = load_query<D>(p, b, head, lane, qb);
@@ -332,26 +341,32 @@ __global__ void __launch_bounds__(kThreads, 4) decode_kv4_kernel(const DecodePar
   st.m[0] = st.m[1] = -INFINITY;
   st.l[0] = st.l[1] = 0.f;
 
-  for (int i = 0; warp + i * kWarps < n_chunks; ++i) {
-    cp_async_wait<C::kStages - 2>();  // chunk i has landed (groups complete in order)
+  constexpr uint32_t kLastSlot = (kStages - 1) * C::kSlotBytes;
+  uint32_t slot = 0, free_slot = kLastSlot;  // the slot read now, the one read in the previous iteration
+  for (; t < tok_end; t += kStride) {
+    cp_async_wait<kStages - 2>();  // this chunk has landed (groups complete in order)
     __syncwarp();  // ... for every lane: each lane copied pieces that other lanes read
-    issue(i + C::kStages - 1, next_page);  // refills the slot read in the previous iteration
-    next_page = page_of(i + C::kStages);
-    const SlotReader<D> c{ring + (i % C::kStages) * C::kSlotBytes, lane};
-    attend_chunk<D>(c, qb, qs, u_log2, seq_len - first_token(i), st, lane);
+    const int t_issue = t + (kStages - 1) * kStride, t_next = t_issue + kStride;
+    issue(t_issue, next_page, free_slot);
+    next_page = t_next < tok_end ? table[static_cast<uint32_t>(t_next) / kPageTokens] : 0;
+    const SlotReader<D> c{ring_ptr + slot, lane};
+    attend_chunk<D>(c, qb, qs, u_log2, tok_end - t, st, lane);  // split ends are page-aligned
+    free_slot = slot;
+    slot = slot == kLastSlot ? 0 : slot + C::kSlotBytes;
   }
   cp_async_wait<0>();
   __syncthreads();  // the ring becomes the combine's scratch
   combine_warps_and_splits<D>(p, st, reinterpret_cast<float*>(smem), split, head, b);
 }
 
-template <int D>
+template <int D, int kStages>
 cudaError_t launch(const DecodeParams& p, cudaStream_t stream) {
+  constexpr int kRingBytes = kStages * kWarps * Chunk<D>::kSlotBytes;
   static const cudaError_t attr =
-      cudaFuncSetAttribute(decode_kv4_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, kRingBytes);
+      cudaFuncSetAttribute(decode_kv4_kernel<D, kStages>, cudaFuncAttributeMaxDynamicSharedMemorySize, kRingBytes);
   if (attr != cudaSuccess) return attr;
   const dim3 grid(p.num_splits, p.num_kv_heads, p.batch);
-  decode_kv4_kernel<D><<<grid, kThreads, kRingBytes, stream>>>(p);
+  decode_kv4_kernel<D, kStages><<<grid, kThreads, kRingBytes, stream>>>(p);
   return cudaGetLastError();
 }
 
@@ -360,8 +375,9 @@ cudaError_t launch(const DecodeParams& p, cudaStream_t stream) {
 cudaError_t launch_decode_kv4(const DecodeParams& p, int head_dim, cudaStream_t stream) {
   if (p.group < 1 || p.group > kMaxGroup || p.num_splits < 1 || p.num_splits > kMaxSplits)
     return cudaErrorInvalidValue;
-  if (head_dim == 128) return launch<128>(p, stream);
-  if (head_dim == 64) return launch<64>(p, stream);
+  if (head_dim == 128 && p.num_stages == 3) return launch<128, 3>(p, stream);
+  if (head_dim == 128 && p.num_stages == 2) return launch<128, 2>(p, stream);
+  if (head_dim == 64 && p.num_stages == 2) return launch<64, 2>(p, stream);
   return cudaErrorInvalidValue;
 }
 

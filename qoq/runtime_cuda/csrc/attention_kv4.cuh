@@ -25,6 +25,7 @@ struct DecodeParams {
   int32_t* counters;          // [B * H_kv], zero on entry, left zero on exit
   int64_t page_bytes;
   int page_table_stride, batch, num_kv_heads, group, num_splits, pages_per_split;
+  int num_stages;             // ring slots per warp: 2, or 3 (head_dim 128 only)
   float scale_log2;  // softmax scale * log2(e)
 };
 
