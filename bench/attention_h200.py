@@ -160,11 +160,10 @@ def bench_decode(model, batch, length) -> dict:
     hq, hkv, dim = MODELS[model]
     seq_lens = torch.full((batch,), length, dtype=torch.int32, device="cuda")
     row = {"model": model, "batch": batch, "length": length}
-    kv4_bytes = 2 * batch * hkv * length * (dim // 2 + 4)
     sets = decode_sets(hq, hkv, dim, batch, length)
     row["kv4_sets"] = len(sets)
-    row["kv4_ms_by_stages"] = {
-        st: graph_ms([lambda s=s: attention.decode_attention(s[0], s[1], s[2], s[3], seq_lens, length, num_stages=st)
+    row["kv4_ms_by_stages"] = {  # str keys, as they come back from the JSON
+        str(st): graph_ms([lambda s=s: attention.decode_attention(s[0], s[1], s[2], s[3], seq_lens, length, num_stages=st)
                       for s in sets])
         for st in ((2, 3) if dim == 128 else (2,))
     }
@@ -188,7 +187,7 @@ def bench_decode(model, batch, length) -> dict:
 def with_plan(row, sms, copy_tbps):
     """The row's KV4 figures for the launch attention.py plans (splits, ring stages) out of the timed
     stage options."""
-    hq, hkv, dim = MODELS[row["model"]]
+    _, hkv, dim = MODELS[row["model"]]
     batch, length = row["batch"], row["length"]
     splits = attention.split_plan(batch, hkv, length, sms)[0]
     row["splits"], row["stages"] = splits, attention.plan_stages(batch, hkv, splits, dim, sms)
@@ -334,7 +333,6 @@ def main():
         for batch in BATCHES:
             for length in LENGTHS:
                 row = bench_decode(model, batch, length)
-                row["kv4_ms_by_stages"] = {str(k): v for k, v in row["kv4_ms_by_stages"].items()}
                 with_plan(row, sms, bw)
                 decode.append(row)
                 by_stages = " ".join(f"s{k}={v * 1e3:.1f}" for k, v in row["kv4_ms_by_stages"].items())
