@@ -35,6 +35,12 @@ struct GroupScales {
   uint32_t s2[4];       // s2 of block j, a multiplier for four packed bytes
   uint32_t zero_lo[4];  // -z of block j in all four bytes, low 7 bits of each byte
   uint32_t zero_hi[4];  // ... and the top bit of each byte
+  // codes q of block j (4 bytes) -> W8 = q*s2 + (-z) byte-parallel (q*s2 <= 255 never carries; the
+  // sum wraps to the int8 W8): per byte modulo 256, the low 7 bits add and the top bits xor in
+  __device__ __forceinline__ uint32_t apply(uint32_t q, int j) const {
+    const uint32_t a = q * s2[j];
+    return ((a & 0x7f7f7f7fu) + zero_lo[j]) ^ (a & 0x80808080u) ^ zero_hi[j];
+  }
 };
 
 __device__ __forceinline__ GroupScales unpack_group_scales(uint32_t s2_word, uint32_t zero_word) {
@@ -57,6 +63,8 @@ template <int BLOCKS>
 struct BiasedScales {
   uint32_t s2[BLOCKS];    // s2 of the warp's n8 blocks first, first+1, ...
   uint32_t bias[BLOCKS];  // 128 - z*s2 of each in all four bytes
+  // codes q of block j (4 bytes) -> W8 + 128 as u8 bytes
+  __device__ __forceinline__ uint32_t apply(uint32_t q, int j) const { return q * s2[j] + bias[j]; }
 };
 
 template <int BLOCKS>
@@ -71,36 +79,17 @@ __device__ __forceinline__ BiasedScales<BLOCKS> unpack_biased_scales(uint32_t s2
   return bs;
 }
 
-// Byte-wise a + zero modulo 256 (no carry crosses a byte): low 7 bits add, top bits xor in.
-__device__ __forceinline__ uint32_t add_zero_bytes(uint32_t a, uint32_t zero_lo, uint32_t zero_hi) {
-  return ((a & 0x7f7f7f7fu) + zero_lo) ^ (a & 0x80808080u) ^ zero_hi;
-}
-
-// 16 packed bytes of one lane -> B fragments b[j][d] of the n8 blocks j. Per group:
-// W8 = q*s2 + (-z) byte-parallel (q*s2 <= 255 never carries; the sum wraps to the int8 W8).
-template <bool GROUPED>
-__device__ __forceinline__ void dequant_tile(const uint4& packed, const GroupScales& gs, uint32_t (&b)[4][2]) {
+// 16 packed bytes of one lane -> B fragments b[j][d] of the n8 blocks j: the codes, or per group
+// scales.apply of them (GroupScales: the int8 W8; BiasedScales<4>: W8 + 128 for mma_s8u8_16832).
+template <bool GROUPED, class Scales>
+__device__ __forceinline__ void dequant_tile(const uint4& packed, const Scales& scales, uint32_t (&b)[4][2]) {
   const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
 #pragma unroll
     for (int d = 0; d < 2; ++d) {
       const uint32_t q = (words[2 * d + (j & 1)] >> (4 * (j >> 1))) & 0x0f0f0f0fu;
-      b[j][d] = GROUPED ? add_zero_bytes(q * gs.s2[j], gs.zero_lo[j], gs.zero_hi[j]) : q;
-    }
-  }
-}
-
-// The same with biased scales: per group the u8 W8 + 128 (for mma_s8u8_16832).
-template <bool GROUPED>
-__device__ __forceinline__ void dequant_tile(const uint4& packed, const BiasedScales<4>& bs, uint32_t (&b)[4][2]) {
-  const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-#pragma unroll
-    for (int d = 0; d < 2; ++d) {
-      const uint32_t q = (words[2 * d + (j & 1)] >> (4 * (j >> 1))) & 0x0f0f0f0fu;
-      b[j][d] = GROUPED ? q * bs.s2[j] + bs.bias[j] : q;
+      b[j][d] = GROUPED ? scales.apply(q, j) : q;
     }
   }
 }

@@ -117,7 +117,7 @@ __device__ __forceinline__ void dequant_fragments(const uint4& packed, const Bia
 #pragma unroll
     for (int r = 0; r < 4; ++r) {  // fragment r: row g + 8*(r & 1) (n8 block 2*half + (r & 1)), k half r >> 1
       const uint32_t q = (words[2 * (r >> 1) + (r & 1)] >> shift) & 0x0f0f0f0fu;
-      a[hh][r] = GROUPED ? q * bs.s2[2 * hh + (r & 1)] + bs.bias[2 * hh + (r & 1)] : q;
+      a[hh][r] = GROUPED ? bs.apply(q, 2 * hh + (r & 1)) : q;
     }
   }
 }
