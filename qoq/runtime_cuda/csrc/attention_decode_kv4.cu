@@ -62,70 +62,87 @@ __device__ __forceinline__ int code_offset(int row, int byte) {
   return (linear & ~0x70) | ((((linear >> 4) & 7) ^ swizzle<D>(row)) << 4);
 }
 
-// One lane's share of every chunk copy, fixed for the kernel: code piece i (16 bytes; a warp
-// instruction moves 512 contiguous page bytes) goes from page byte src + i * 512 to slot byte
-// dst[i & 1] + (i >> 1) * 1024 (pieces two apart are 16 rows apart, which share the swizzle); lanes
-// below 4 * kVecPieces also copy one 16-byte piece of the scale/zero vectors.
+// One lane's share of every chunk copy, fixed for the kernel (a warp's chunks all start at the same
+// token tok0 of their page, since chunks of one warp are a multiple of 64 tokens apart): code piece i
+// (16 bytes; a warp instruction moves 512 contiguous page bytes) goes from page byte src + i * 512 to
+// slot byte dst[i & 1] + (i >> 1) * 1024 (pieces two apart are 16 rows apart, which share the
+// swizzle); lanes below 4 * kVecPieces also copy one 16-byte piece of the scale/zero vectors.
 template <int D>
 struct CopyPlan {
   using C = Chunk<D>;
-  uint32_t dst[2];
-  int src, vec_src;        // byte offsets in a page, for the page's first token
-  const uint8_t* vec_pool;  // K or V pages (vector a: 0 ks, 1 kz, 2 vs, 3 vz), null for other lanes
+  uint32_t dst[2], vec_dst;  // shared addresses in the warp's ring slot 0
+  uint32_t src, vec_src;     // byte offsets in a page
+  const uint8_t* vec_pool;   // K or V pages (vector a: 0 ks, 1 kz, 2 vs, 3 vz), null for other lanes
 
-  __device__ CopyPlan(const DecodeParams& p, int code_off, int scale_off, int zero_off, int lane) {
+  __device__ CopyPlan(const DecodeParams& p, int code_off, int scale_off, int zero_off, uint32_t ring, int tok0,
+                      int lane) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int linear = (i * 32 + lane) * 16;
-      dst[i] = code_offset<D>(linear / C::kRow, linear % C::kRow);
+      dst[i] = ring + code_offset<D>(linear / C::kRow, linear % C::kRow);
     }
-    src = code_off + lane * 16;
+    vec_dst = ring + C::kSOffset + lane * 16;
+    src = code_off + tok0 * C::kRow + lane * 16;
     const int a = lane / C::kVecPieces;
-    vec_src = ((a & 1) ? zero_off : scale_off) + (lane % C::kVecPieces) * 16;
+    vec_src = ((a & 1) ? zero_off : scale_off) + tok0 * 2 + (lane % C::kVecPieces) * 16;
     vec_pool = lane >= 4 * C::kVecPieces ? nullptr : a < 2 ? p.k_pages : p.v_pages;
+    // opaque to the compiler, which would otherwise recompute them from the lane id in every chunk
+    asm volatile("" : "+r"(dst[0]), "+r"(dst[1]), "+r"(vec_dst), "+r"(src), "+r"(vec_src));
   }
 
-  // Start copying the kTokens tokens from token tok0 of page `page` into a ring slot.
-  __device__ __forceinline__ void issue(const DecodeParams& p, uint32_t slot, int page, int tok0, int lane) const {
+  // Start copying a chunk of page `page` into the ring slot at byte slot_off.
+  __device__ __forceinline__ void issue(const DecodeParams& p, uint32_t slot_off, int page) const {
     const uint64_t page_off = static_cast<uint64_t>(static_cast<uint32_t>(page)) * static_cast<uint32_t>(p.page_bytes);
-    const uint8_t* k_src = p.k_pages + page_off + static_cast<uint32_t>(src + tok0 * C::kRow);
-    const uint8_t* v_src = p.v_pages + page_off + static_cast<uint32_t>(src + tok0 * C::kRow);
+    const uint8_t* k_src = p.k_pages + page_off + src;
+    const uint8_t* v_src = p.v_pages + page_off + src;
 #pragma unroll
     for (int i = 0; i < C::kCodePieces; ++i) {
-      const uint32_t d = slot + dst[i & 1] + (i >> 1) * 1024;
+      const uint32_t d = dst[i & 1] + slot_off + (i >> 1) * 1024;
       cp_async<16>(d, k_src + i * 512);
       cp_async<16>(d + C::kVOffset, v_src + i * 512);
     }
-    if (vec_pool != nullptr)
-      cp_async<16>(slot + C::kSOffset + lane * 16, vec_pool + page_off + static_cast<uint32_t>(vec_src + tok0 * 2));
+    if (vec_pool != nullptr) cp_async<16>(vec_dst + slot_off, vec_pool + page_off + vec_src);
   }
 };
 
-// A landed slot, read piece by piece right where each piece is used (registers stay free for
-// more resident warps). Lane (grp, quad) holds K rows 2 grp and 2 grp + 1 of each block (the
-// mma's rows grp and grp + 8) and V rows 4 quad + e.
+// Reads a landed slot piece by piece right where each piece is used (registers stay free for more
+// resident warps). Lane (grp, quad) holds K rows 2 grp and 2 grp + 1 of each block (the mma's rows
+// grp and grp + 8) and V rows 4 quad + e. The lane's byte offsets in block 0 are computed once per
+// kernel; block blk is 16 rows further, which the swizzle (row bits 1..3) leaves alone.
 template <int D>
 struct SlotReader {
   using C = Chunk<D>;
-  const uint8_t* slot;
-  int lane;
-  // K codes of token 16 blk + 2 grp + j: D/8 bytes at quad * D/8
-  __device__ __forceinline__ void k(uint32_t (&w)[C::kKWords], int blk, int j) const {
+  static constexpr int kBlockBytes = 16 * C::kRow;
+  const uint8_t* slot = nullptr;  // the landed slot, set per chunk
+  int k_off[2], v_off[4], szk_off, szv_off;
+
+  __device__ explicit SlotReader(int lane) {
     const int grp = lane >> 2, quad = lane & 3;
-    read_words(w, slot + code_offset<D>(16 * blk + 2 * grp + j, quad * (D / 8)));
+#pragma unroll
+    for (int j = 0; j < 2; ++j) k_off[j] = code_offset<D>(2 * grp + j, quad * (D / 8));  // D/8 bytes
+#pragma unroll
+    for (int e = 0; e < 4; ++e) v_off[e] = C::kVOffset + code_offset<D>(4 * quad + e, grp * (D / 16));  // D/16 bytes
+    szk_off = C::kSOffset + 2 * grp * 2;
+    szv_off = C::kSOffset + 4 * quad * 2;
+    // opaque to the compiler, which would otherwise recompute them from the lane id in every chunk
+    asm volatile("" : "+r"(k_off[0]), "+r"(k_off[1]), "+r"(v_off[0]), "+r"(v_off[1]), "+r"(v_off[2]),
+                 "+r"(v_off[3]), "+r"(szk_off), "+r"(szv_off));
   }
-  // V codes of token 16 blk + 4 quad + e: D/16 bytes at grp * D/16
+  // K codes of token 16 blk + 2 grp + j
+  __device__ __forceinline__ void k(uint32_t (&w)[C::kKWords], int blk, int j) const {
+    read_words(w, slot + k_off[j] + blk * kBlockBytes);
+  }
+  // V codes of token 16 blk + 4 quad + e
   __device__ __forceinline__ void v(uint32_t (&w)[C::kVWords], int blk, int e) const {
-    const int grp = lane >> 2, quad = lane & 3;
-    read_words(w, slot + C::kVOffset + code_offset<D>(16 * blk + 4 * quad + e, grp * (D / 16)));
+    read_words(w, slot + v_off[e] + blk * kBlockBytes);
   }
   // scale/zero vector a (0 ks, 1 kz, 2 vs, 3 vz) of tokens 16 blk + 2 grp + {0, 1}
   __device__ __forceinline__ uint32_t sz_k(int blk, int a) const {
-    return *reinterpret_cast<const uint32_t*>(slot + C::kSOffset + a * C::kTokens * 2 + (16 * blk + 2 * (lane >> 2)) * 2);
+    return *reinterpret_cast<const uint32_t*>(slot + szk_off + (a * C::kTokens + 16 * blk) * 2);
   }
   // ... of tokens 16 blk + 4 quad + {0..3}
   __device__ __forceinline__ uint2 sz_v(int blk, int a) const {
-    return *reinterpret_cast<const uint2*>(slot + C::kSOffset + a * C::kTokens * 2 + (16 * blk + 4 * (lane & 3)) * 2);
+    return *reinterpret_cast<const uint2*>(slot + szv_off + (a * C::kTokens + 16 * blk) * 2);
   }
 };
 
@@ -143,17 +160,17 @@ __device__ __forceinline__ uint32_t transpose8x8(uint32_t x) {
 
 // One chunk. Lane (grp, quad) scores tokens ta = 16 blk + 2 grp, tb = ta + 1 for query heads
 // g = 2 quad + {0, 1}: s[blk][2 i + h] is token ta + i, head 2 quad + h. n_valid: tokens of the
-// chunk below the split's end (>= 1; fewer than kTokens only in a sequence's last chunk, whose tail
-// may hold garbage, NaN scales included). qs[h]: sum_d q[g,d] * 2^-24 (scores are kept in "u" units,
+// chunk below the split's end (>= 1); kPartial: fewer than kTokens, only in a sequence's last chunk,
+// whose tail may hold garbage, NaN scales included (a separate instantiation, so full chunks carry
+// no bounds checks). qs[h]: sum_d q[g,d] * 2^-24 (scores are kept in "u" units,
 // (sum_d q code - zeroK sum_d q) 2^-24 scaleK); u_log2: u -> log2 units.
-template <int D>
+template <int D, bool kPartial>
 __device__ __forceinline__ void attend_chunk(const SlotReader<D>& c, const uint32_t (&qb)[D / 16][2],
                                              const float (&qs)[2], float u_log2, int n_valid, WarpState<D>& st,
                                              int lane) {
   using C = Chunk<D>;
   constexpr int kBlocks = C::kBlocks;
   const int grp = lane >> 2, quad = lane & 3;
-  const bool partial = n_valid < C::kTokens;  // warp-uniform
   float s[kBlocks][4];
 #pragma unroll
   for (int blk = 0; blk < kBlocks; ++blk) {
@@ -176,25 +193,34 @@ __device__ __forceinline__ void attend_chunk(const SlotReader<D>& c, const uint3
     s[blk][2] = fmaf(-kz_b, qs[0], acc[2]) * ks_b;
     s[blk][3] = fmaf(-kz_b, qs[1], acc[3]) * ks_b;
   }
-  if (partial) {
+  if constexpr (kPartial) {
 #pragma unroll
     for (int blk = 0; blk < kBlocks; ++blk)
 #pragma unroll
       for (int e = 0; e < 4; ++e)
         if (16 * blk + 2 * grp + (e >> 1) >= n_valid) s[blk][e] = -INFINITY;
   }
-  float mx[2] = {-INFINITY, -INFINITY}, m_new[2], alpha[2], psum[2] = {0.f, 0.f};
+  float mx[2] = {-INFINITY, -INFINITY}, alpha[2] = {1.f, 1.f}, psum[2] = {0.f, 0.f};
 #pragma unroll
   for (int blk = 0; blk < kBlocks; ++blk)
 #pragma unroll
     for (int e = 0; e < 4; ++e) mx[e & 1] = fmaxf(mx[e & 1], s[blk][e]);
+  // The running max moves only if some lane's own max passes it. Past the first chunks most leave it,
+  // and skip the shuffles, alpha's exp2 and the rescale; the arithmetic is the same either way.
+  if (__any_sync(0xffffffffu, mx[0] * u_log2 > st.m[0] || mx[1] * u_log2 > st.m[1])) {
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
+    for (int h = 0; h < 2; ++h) {
 #pragma unroll
-    for (int x = 4; x <= 16; x <<= 1) mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], x));
-    m_new[h] = fmaxf(st.m[h], mx[h] * u_log2);  // finite: a chunk starts at a valid token
-    alpha[h] = exp2f(st.m[h] - m_new[h]);
-    st.m[h] = m_new[h];
+      for (int x = 4; x <= 16; x <<= 1) mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], x));
+      const float m_new = fmaxf(st.m[h], mx[h] * u_log2);  // finite: a chunk starts at a valid token
+      alpha[h] = exp2f(st.m[h] - m_new);
+      st.m[h] = m_new;
+    }
+#pragma unroll
+    for (int i = 0; i < D / 16; ++i) {
+      st.o[i][0] *= alpha[0]; st.o[i][1] *= alpha[1]; st.o[i][2] *= alpha[0]; st.o[i][3] *= alpha[1];
+    }
+    st.z[0] *= alpha[0]; st.z[1] *= alpha[1]; st.z[2] *= alpha[0]; st.z[3] *= alpha[1];
   }
   // w = fp16(p) * scaleV as the B operand of the V mma: transposing the C layout (tokens ta, tb x
   // heads) gives lane (grp, quad) head grp at tokens 4 quad + {0, 2} (from ta) and + {1, 3} (tb)
@@ -204,13 +230,13 @@ __device__ __forceinline__ void attend_chunk(const SlotReader<D>& c, const uint3
     float pr[4];
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      pr[e] = exp2f(fmaf(s[blk][e], u_log2, -m_new[e & 1]));
+      pr[e] = exp2f(fmaf(s[blk][e], u_log2, -st.m[e & 1]));
       psum[e & 1] += pr[e];
     }
     const half2 vs = bits_h2(c.sz_k(blk, 2));
     uint32_t wa = h2_bits(__hmul2(__floats2half2_rn(pr[0], pr[1]), __low2half2(vs)));
     uint32_t wt = h2_bits(__hmul2(__floats2half2_rn(pr[2], pr[3]), __high2half2(vs)));
-    if (partial) {  // p = 0 past the end, but 0 * a garbage scale may be NaN
+    if constexpr (kPartial) {  // p = 0 past the end, but 0 * a garbage scale may be NaN
       const int t = 16 * blk + 2 * grp;
       wa = t < n_valid ? wa : 0u;
       wt = t + 1 < n_valid ? wt : 0u;
@@ -220,17 +246,10 @@ __device__ __forceinline__ void attend_chunk(const SlotReader<D>& c, const uint3
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h) st.l[h] = st.l[h] * alpha[h] + psum[h];
-  if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {  // once the maxima settle, most chunks skip this
-#pragma unroll
-    for (int i = 0; i < D / 16; ++i) {
-      st.o[i][0] *= alpha[0]; st.o[i][1] *= alpha[1]; st.o[i][2] *= alpha[0]; st.o[i][3] *= alpha[1];
-    }
-    st.z[0] *= alpha[0]; st.z[1] *= alpha[1]; st.z[2] *= alpha[0]; st.z[3] *= alpha[1];
-  }
 #pragma unroll
   for (int blk = 0; blk < kBlocks; ++blk) {
     uint2 vz = c.sz_v(blk, 3);
-    if (partial) {  // w = 0 there, but 0 * a garbage zero may be NaN
+    if constexpr (kPartial) {  // w = 0 there, but 0 * a garbage zero may be NaN
       const int t = 16 * blk + 4 * quad;
       vz.x = keep_halves(vz.x, t < n_valid, t + 1 < n_valid);
       vz.y = keep_halves(vz.y, t + 2 < n_valid, t + 3 < n_valid);
@@ -315,13 +334,14 @@ __global__ void __launch_bounds__(kThreads, 4) decode_kv4_kernel(const DecodePar
   constexpr int kRow = C::kRow;
   const int H = p.num_kv_heads;
   const int scale_off = H * kPageTokens * kRow + head * kPageTokens * 2;
-  const CopyPlan<D> plan(p, head * kPageTokens * kRow, scale_off, scale_off + H * kPageTokens * 2, lane);
   uint8_t* ring_ptr = smem + warp * kStages * C::kSlotBytes;  // this warp's ring
-  const uint32_t ring = static_cast<uint32_t>(__cvta_generic_to_shared(ring_ptr));
+  static_assert(kStride % kPageTokens == 0, "a warp's chunks start at one offset in their pages");
+  const CopyPlan<D> plan(p, head * kPageTokens * kRow, scale_off, scale_off + H * kPageTokens * 2,
+                         static_cast<uint32_t>(__cvta_generic_to_shared(ring_ptr)), t % kPageTokens, lane);
   // The warp's chunks start at tokens t, t + kStride, ... below tok_end; one commit group each (empty
   // past the end), in ring slots 0, 1, .., kStages - 1, 0, ... (byte offsets in the ring).
   auto issue = [&](int tok, int page_id, uint32_t slot_off) {
-    if (tok < tok_end) plan.issue(p, ring + slot_off, page_id, static_cast<uint32_t>(tok) % kPageTokens, lane);
+    if (tok < tok_end) plan.issue(p, slot_off, page_id);
     cp_async_commit();
   };
 #pragma unroll
@@ -341,6 +361,7 @@ __global__ void __launch_bounds__(kThreads, 4) decode_kv4_kernel(const DecodePar
   st.m[0] = st.m[1] = -INFINITY;
   st.l[0] = st.l[1] = 0.f;
 
+  SlotReader<D> c(lane);
   constexpr uint32_t kLastSlot = (kStages - 1) * C::kSlotBytes;
   uint32_t slot = 0, free_slot = kLastSlot;  // the slot read now, the one read in the previous iteration
   for (; t < tok_end; t += kStride) {
@@ -349,8 +370,11 @@ __global__ void __launch_bounds__(kThreads, 4) decode_kv4_kernel(const DecodePar
     const int t_issue = t + (kStages - 1) * kStride, t_next = t_issue + kStride;
     issue(t_issue, next_page, free_slot);
     next_page = t_next < tok_end ? table[static_cast<uint32_t>(t_next) / kPageTokens] : 0;
-    const SlotReader<D> c{ring_ptr + slot, lane};
-    attend_chunk<D>(c, qb, qs, u_log2, tok_end - t, st, lane);  // split ends are page-aligned
+    c.slot = ring_ptr + slot;
+    if (tok_end - t >= C::kTokens)  // split ends are page-aligned: only a sequence's end cuts a chunk
+      attend_chunk<D, false>(c, qb, qs, u_log2, C::kTokens, st, lane);
+    else
+      attend_chunk<D, true>(c, qb, qs, u_log2, tok_end - t, st, lane);
     free_slot = slot;
     slot = slot == kLastSlot ? 0 : slot + C::kSlotBytes;
   }
