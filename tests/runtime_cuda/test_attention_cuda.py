@@ -81,6 +81,30 @@ def test_decode_attention_matches_reference(group, dim):
         assert _rel(out, expected) < 1e-3, f"num_splits={splits} num_stages={stages}"
 
 
+@pytest.mark.parametrize("dim", [64, 128])
+def test_decode_attention_large_v_scales_stay_finite(dim):
+    """V rows spanning thousands (KV4 scales > 255) while the scores climb by 7 log2 units from one of a
+    warp's chunks to its next: a running max left stale by up to 8 would give p up to 2^7 and
+    fp16(p) * scale = inf, so those lanes must rescale exactly."""
+    gen = torch.Generator(device="cuda").manual_seed(dim)
+    hkv, group, n = 1, 4, 2048
+    pools = [torch.zeros(n // 64, ref.page_bytes(hkv, dim), dtype=torch.uint8, device="cuda") for _ in range(2)]
+    slots = torch.arange(n, device="cuda")
+    climb = 7 / 128 / math.log2(math.e) / math.sqrt(dim)  # per token, so that q . k * D^-1/2 rises 7 log2 units / 128
+    k = (torch.arange(n, device="cuda").float() * climb)[:, None, None].expand(n, hkv, dim).half()
+    v = (torch.randn(n, hkv, dim, device="cuda", generator=gen) * 4000).half()
+    ref.write_kv4(pools[0], k, slots)
+    ref.write_kv4(pools[1], v, slots)
+    assert ref.page_views(pools[1], hkv, dim)[1].float().min().item() > 255  # every V scale is large
+    q = torch.ones(1, hkv * group, dim, device="cuda").half()
+    table = torch.arange(n // 64, dtype=torch.int32, device="cuda")[None]
+    seq_lens = torch.tensor([n], dtype=torch.int32, device="cuda")
+    expected = ref.decode_attention(q, *pools, table, seq_lens)
+    for splits, stages in [(None, None), (1, 2)] + ([(1, 3)] if dim == 128 else []):
+        out = attention.decode_attention(q, *pools, table, seq_lens, n, num_splits=splits, num_stages=stages)
+        assert out.isfinite().all() and _rel(out, expected) < 1e-3, f"num_splits={splits} num_stages={stages}"
+
+
 def test_decode_attention_rejects_unsupported_stages():
     q = torch.randn(1, 2, 64, device="cuda").half()
     pool = torch.zeros(1, ref.page_bytes(2, 64), dtype=torch.uint8, device="cuda")

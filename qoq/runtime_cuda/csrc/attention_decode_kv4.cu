@@ -146,6 +146,9 @@ struct SlotReader {
   }
 };
 
+// How far (log2 units) the running max may trail a chunk's scores before the warp rescales: p <= 256.
+constexpr float kStaleLog2 = 8.f;
+
 // Keep the 16-bit halves of x whose token (lo, hi) is valid.
 __device__ __forceinline__ uint32_t keep_halves(uint32_t x, bool lo, bool hi) {
   return x & ((lo ? 0x0000ffffu : 0u) | (hi ? 0xffff0000u : 0u));
@@ -205,9 +208,19 @@ __device__ __forceinline__ void attend_chunk(const SlotReader<D>& c, const uint3
   for (int blk = 0; blk < kBlocks; ++blk)
 #pragma unroll
     for (int e = 0; e < 4; ++e) mx[e & 1] = fmaxf(mx[e & 1], s[blk][e]);
-  // The running max moves only if some lane's own max passes it. Past the first chunks most leave it,
-  // and skip the shuffles, alpha's exp2 and the rescale; the arithmetic is the same either way.
-  if (__any_sync(0xffffffffu, mx[0] * u_log2 > st.m[0] || mx[1] * u_log2 > st.m[1])) {
+  // The running max moves only once some lane's own max passes it by more than kStaleLog2; most chunks
+  // after a warp's first leave it and skip the shuffles, alpha's exp2 and the rescale. A stale max lets
+  // p reach 2^kStaleLog2, so w = fp16(p) * scaleV stays finite only for scales <= 255: a lane holding a
+  // larger scale (a V row spanning > 3825) keeps p <= 1 for the chunk.
+  half2 vs[kBlocks];  // scaleV of tokens ta, tb
+  uint32_t big_scale = 0;
+#pragma unroll
+  for (int blk = 0; blk < kBlocks; ++blk) {
+    vs[blk] = bits_h2(c.sz_k(blk, 2));
+    big_scale |= __hgt2_mask(vs[blk], __float2half2_rn(255.f));
+  }
+  const float slack = big_scale ? 0.f : kStaleLog2;
+  if (__any_sync(0xffffffffu, mx[0] * u_log2 > st.m[0] + slack || mx[1] * u_log2 > st.m[1] + slack)) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
 #pragma unroll
@@ -233,9 +246,8 @@ __device__ __forceinline__ void attend_chunk(const SlotReader<D>& c, const uint3
       pr[e] = exp2f(fmaf(s[blk][e], u_log2, -st.m[e & 1]));
       psum[e & 1] += pr[e];
     }
-    const half2 vs = bits_h2(c.sz_k(blk, 2));
-    uint32_t wa = h2_bits(__hmul2(__floats2half2_rn(pr[0], pr[1]), __low2half2(vs)));
-    uint32_t wt = h2_bits(__hmul2(__floats2half2_rn(pr[2], pr[3]), __high2half2(vs)));
+    uint32_t wa = h2_bits(__hmul2(__floats2half2_rn(pr[0], pr[1]), __low2half2(vs[blk])));
+    uint32_t wt = h2_bits(__hmul2(__floats2half2_rn(pr[2], pr[3]), __high2half2(vs[blk])));
     if constexpr (kPartial) {  // p = 0 past the end, but 0 * a garbage scale may be NaN
       const int t = 16 * blk + 2 * grp;
       wa = t < n_valid ? wa : 0u;
