@@ -3,10 +3,12 @@
 // same bytes the same way and does no math: per warp, chunks of 32 tokens (2 KB of K codes, 2 KB of V
 // codes, 4 x 64 B of scale/zero vectors) from randomly placed pages, through a ring of shared-memory
 // slots filled by cp.async (16 B per lane) or by cp.async.bulk (TMA, one lane, an mbarrier per slot).
-// Llama-2-7B shapes, B = 64, L = 1536 (428 MB of KV4 per pass). JSON lines on stdout.
+// Shapes from the command line: KV heads, query heads per KV head, batch, length (default Llama-2-7B
+// B = 64, L = 1536: 428 MB of KV4 per pass; Llama-3-8B B = 64, L = 512 is `8 4 64 512`). D = 128.
+// JSON lines on stdout.
 //
 //   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 --use_fast_math -Iqoq/runtime_cuda/csrc \
-//        bench/kv4_stream_ceiling.cu -o /tmp/kv4_stream && /tmp/kv4_stream
+//        bench/kv4_stream_ceiling.cu -o /tmp/kv4_stream && /tmp/kv4_stream [kv_heads group batch length]
 //
 // Each figure is the median of 20 passes timed with CUDA events, in two modes: "warm_l2" passes run back
 // to back (L2 keeps some of the previous pass's 428 MB), "flushed" passes follow a 256 MB memset (no
@@ -30,8 +32,13 @@
 
 namespace {
 
-constexpr int kHeads = 32, kBatch = 64, kLen = 1536, kD = 128, kPages = kLen / 64;
-constexpr long kPageBytes = static_cast<long>(kHeads) * 64 * (kD / 2 + 4);
+constexpr int kD = 128;
+
+struct Shape {
+  int heads, batch, len;  // KV heads, sequences, tokens per sequence (a multiple of 128)
+  __host__ __device__ int pages() const { return len / 64; }
+  __host__ __device__ long page_bytes() const { return static_cast<long>(heads) * 64 * (kD / 2 + 4); }
+};
 constexpr int kChunk = 2048;  // code bytes of one 32-token chunk, K or V
 constexpr int kStages = 3;
 
@@ -54,10 +61,11 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 // One CTA per (sequence, head) as in the decode kernel; warp w takes chunks w, w + 4, ... Consumes one
 // word per lane and chunk, so nothing is optimized away.
 template <bool kBulk, bool kScales>
-__global__ void __launch_bounds__(128) stream_kernel(const uint8_t* k_pool, const uint8_t* v_pool, const int* table,
-                                                     unsigned* sink) {
+__global__ void __launch_bounds__(128) stream_kernel(Shape sh, const uint8_t* k_pool, const uint8_t* v_pool,
+                                                     const int* table, unsigned* sink) {
   constexpr int kSlot = 2 * kChunk + (kScales ? 4 * 64 : 0);
-  constexpr int kChunksPerWarp = kLen / 32 / 4;
+  const int chunks_per_warp = sh.len / 32 / 4, kHeads = sh.heads;
+  const long kPageBytes = sh.page_bytes();
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ __align__(8) uint64_t bars[4][kStages];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -70,12 +78,12 @@ __global__ void __launch_bounds__(128) stream_kernel(const uint8_t* k_pool, cons
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   __syncwarp();
   auto issue = [&](int c, int s) {  // the warp's chunk c into slot s
-    if (c >= kChunksPerWarp) {
+    if (c >= chunks_per_warp) {
       if (!kBulk) qoq_attn::cp_async_commit();
       return;
     }
     const int gc = c * 4 + warp;
-    const long page_off = table[seq * kPages + gc / 2] * kPageBytes;
+    const long page_off = table[seq * sh.pages() + gc / 2] * kPageBytes;
     const long code_off = page_off + head * 64L * 64 + (gc % 2) * kChunk;
     const long vec_off = page_off + kHeads * 64L * 64 + head * 128 + (gc % 2) * 64;  // + a * kHeads * 128
     const uint32_t dst = ring_s + s * kSlot;
@@ -106,7 +114,7 @@ __global__ void __launch_bounds__(128) stream_kernel(const uint8_t* k_pool, cons
   };
   for (int i = 0; i < kStages - 1; ++i) issue(i, i);
   unsigned acc = 0;
-  for (int c = 0; c < kChunksPerWarp; ++c) {
+  for (int c = 0; c < chunks_per_warp; ++c) {
     const int s = c % kStages;
     if (kBulk) mbar_wait(bar0 + 8 * s, (c / kStages) & 1);
     else qoq_attn::cp_async_wait<kStages - 2>();
@@ -130,8 +138,9 @@ __global__ void fill_random(uint8_t* x, long words, unsigned seed) {
 }
 
 // scale/zero vectors of every page: fp16 scales in [0.01, 0.2], zeros in [0, 15)
-__global__ void fill_scales(uint8_t* pool, int pages) {
-  constexpr int kHalves = kHeads * 64 * 2;
+__global__ void fill_scales(Shape sh, uint8_t* pool, int pages) {
+  const int kHeads = sh.heads, kHalves = kHeads * 64 * 2;
+  const long kPageBytes = sh.page_bytes();
   for (long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x; i < static_cast<long>(pages) * kHalves;
        i += static_cast<long>(gridDim.x) * blockDim.x) {
     const long page = i / kHalves;
@@ -166,16 +175,25 @@ void report(const char* name, bool flushed, Launch launch, uint8_t* flush, long 
 }
 
 template <bool kBulk, bool kScales>
-void stream(const char* name, bool flushed, const uint8_t* k, const uint8_t* v, const int* table, unsigned* sink,
+void stream(const char* name, bool flushed, Shape sh, const uint8_t* k, const uint8_t* v, const int* table, unsigned* sink,
             uint8_t* flush, long bytes) {
   const int smem = 4 * kStages * (2 * kChunk + (kScales ? 256 : 0));
   CK(cudaFuncSetAttribute(stream_kernel<kBulk, kScales>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  report(name, flushed, [&] { stream_kernel<kBulk, kScales><<<kBatch * kHeads, 128, smem>>>(k, v, table, sink); }, flush, bytes);
+  report(name, flushed, [&] { stream_kernel<kBulk, kScales><<<sh.batch * sh.heads, 128, smem>>>(sh, k, v, table, sink); },
+         flush, bytes);
 }
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  const Shape sh{argc > 1 ? atoi(argv[1]) : 32, argc > 3 ? atoi(argv[3]) : 64, argc > 4 ? atoi(argv[4]) : 1536};
+  const int group = argc > 2 ? atoi(argv[2]) : 1;
+  if (sh.len % 128 || group < 1 || group > 8) {
+    printf("length must be a multiple of 128 (4 warps x 32 tokens), group 1..8\n");
+    return 1;
+  }
+  const int kBatch = sh.batch, kLen = sh.len, kPages = sh.pages(), kHeads = sh.heads;
+  const long kPageBytes = sh.page_bytes();
   const int pages = kBatch * kPages;
   uint8_t *k, *v, *flush;
   int *table, *seq_lens;
@@ -186,9 +204,9 @@ int main() {
   CK(cudaMalloc(&flush, 256L << 20));
   fill_random<<<1024, 256>>>(k, pages * kPageBytes / 4, 1u);
   fill_random<<<1024, 256>>>(v, pages * kPageBytes / 4, 2u);
-  fill_scales<<<1024, 256>>>(k, pages);
-  fill_scales<<<1024, 256>>>(v, pages);
-  std::vector<half> hq(kBatch * kHeads * kD);
+  fill_scales<<<1024, 256>>>(sh, k, pages);
+  fill_scales<<<1024, 256>>>(sh, v, pages);
+  std::vector<half> hq(kBatch * kHeads * group * kD);
   for (size_t i = 0; i < hq.size(); ++i) hq[i] = __float2half(((i * 7919) % 2001) / 1000.f - 1.f);
   CK(cudaMalloc(&q, hq.size() * 2));
   CK(cudaMemcpy(q, hq.data(), hq.size() * 2, cudaMemcpyHostToDevice));
@@ -204,19 +222,21 @@ int main() {
   CK(cudaMemcpy(seq_lens, lens.data(), kBatch * 4, cudaMemcpyHostToDevice));
   CK(cudaDeviceSynchronize());
   const long bytes = 2L * kBatch * kHeads * kLen * (kD / 2 + 4);
+  printf("{\"kv_heads\": %d, \"group\": %d, \"batch\": %d, \"length\": %d, \"head_dim\": %d, \"kv4_bytes\": %ld}\n", kHeads,
+         group, kBatch, kLen, kD, bytes);
   for (bool flushed : {false, true}) {
     for (int stages : {2, 3}) {
       qoq_attn::DecodeParams p{};
       p.q = q; p.k_pages = k; p.v_pages = v; p.page_table = table; p.seq_lens = seq_lens; p.out = out;
       p.page_bytes = kPageBytes; p.page_table_stride = kPages; p.batch = kBatch; p.num_kv_heads = kHeads;
-      p.group = 1; p.num_splits = 1; p.pages_per_split = kPages; p.num_stages = stages;
+      p.group = group; p.num_splits = 1; p.pages_per_split = kPages; p.num_stages = stages;
       p.scale_log2 = 1.4426950f / 11.3137085f;
       report(stages == 2 ? "decode_kv4_2_slots" : "decode_kv4_3_slots", flushed,
              [&] { CK(qoq_attn::launch_decode_kv4(p, kD, 0)); }, flush, bytes);
     }
-    stream<false, true>("stream_cp_async", flushed, k, v, table, sink, flush, bytes);
-    stream<true, true>("stream_bulk_tma", flushed, k, v, table, sink, flush, bytes);
-    stream<false, false>("stream_cp_async_codes_only", flushed, k, v, table, sink, flush, bytes * kD / (kD + 8));
+    stream<false, true>("stream_cp_async", flushed, sh, k, v, table, sink, flush, bytes);
+    stream<true, true>("stream_bulk_tma", flushed, sh, k, v, table, sink, flush, bytes);
+    stream<false, false>("stream_cp_async_codes_only", flushed, sh, k, v, table, sink, flush, bytes * kD / (kD + 8));
   }
   return 0;
 }
