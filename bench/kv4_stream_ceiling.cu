@@ -36,8 +36,12 @@ constexpr int kD = 128;
 
 struct Shape {
   int heads, batch, len;  // KV heads, sequences, tokens per sequence (a multiple of 128)
-  __host__ __device__ int pages() const { return len / 64; }
+  __host__ __device__ int pages() const { return len / 64; }  // per sequence
+  __host__ __device__ int total_pages() const { return batch * pages(); }
+  // page layout (DESIGN §5): codes [heads][64][D/2], then fp16 scales [heads][64], then zeros [heads][64]
+  __host__ __device__ long code_bytes() const { return static_cast<long>(heads) * 64 * (kD / 2); }
   __host__ __device__ long page_bytes() const { return static_cast<long>(heads) * 64 * (kD / 2 + 4); }
+  long kv4_bytes() const { return 2L * batch * heads * len * (kD / 2 + 4); }  // K and V, scales included
 };
 constexpr int kChunk = 2048;  // code bytes of one 32-token chunk, K or V
 constexpr int kStages = 3;
@@ -64,12 +68,11 @@ template <bool kBulk, bool kScales>
 __global__ void __launch_bounds__(128) stream_kernel(Shape sh, const uint8_t* k_pool, const uint8_t* v_pool,
                                                      const int* table, unsigned* sink) {
   constexpr int kSlot = 2 * kChunk + (kScales ? 4 * 64 : 0);
-  const int chunks_per_warp = sh.len / 32 / 4, kHeads = sh.heads;
-  const long kPageBytes = sh.page_bytes();
+  const int chunks_per_warp = sh.len / 32 / 4;
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ __align__(8) uint64_t bars[4][kStages];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int head = blockIdx.x % kHeads, seq = blockIdx.x / kHeads;
+  const int head = blockIdx.x % sh.heads, seq = blockIdx.x / sh.heads;
   uint8_t* ring = smem + warp * kStages * kSlot;
   const uint32_t ring_s = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
   const uint32_t bar0 = static_cast<uint32_t>(__cvta_generic_to_shared(&bars[warp][0]));
@@ -83,9 +86,9 @@ __global__ void __launch_bounds__(128) stream_kernel(Shape sh, const uint8_t* k_
       return;
     }
     const int gc = c * 4 + warp;
-    const long page_off = table[seq * sh.pages() + gc / 2] * kPageBytes;
+    const long page_off = table[seq * sh.pages() + gc / 2] * sh.page_bytes();
     const long code_off = page_off + head * 64L * 64 + (gc % 2) * kChunk;
-    const long vec_off = page_off + kHeads * 64L * 64 + head * 128 + (gc % 2) * 64;  // + a * kHeads * 128
+    const long vec_off = page_off + sh.code_bytes() + head * 128 + (gc % 2) * 64;  // + a * heads * 128
     const uint32_t dst = ring_s + s * kSlot;
     if (kBulk) {
       if (lane == 0) {
@@ -95,7 +98,7 @@ __global__ void __launch_bounds__(128) stream_kernel(Shape sh, const uint8_t* k_
         bulk_copy(dst + kChunk, v_pool + code_off, kChunk, bar0 + 8 * s);
         if (kScales)
           for (int a = 0; a < 4; ++a)
-            bulk_copy(dst + 2 * kChunk + a * 64, (a < 2 ? k_pool : v_pool) + vec_off + (a & 1) * kHeads * 128L, 64,
+            bulk_copy(dst + 2 * kChunk + a * 64, (a < 2 ? k_pool : v_pool) + vec_off + (a & 1) * sh.heads * 128L, 64,
                       bar0 + 8 * s);
       }
     } else {
@@ -107,7 +110,7 @@ __global__ void __launch_bounds__(128) stream_kernel(Shape sh, const uint8_t* k_
       if (kScales && lane < 16) {
         const int a = lane / 4;
         qoq_attn::cp_async<16>(dst + 2 * kChunk + lane * 16,
-                               (a < 2 ? k_pool : v_pool) + vec_off + (a & 1) * kHeads * 128L + (lane % 4) * 16);
+                               (a < 2 ? k_pool : v_pool) + vec_off + (a & 1) * sh.heads * 128L + (lane % 4) * 16);
       }
       qoq_attn::cp_async_commit();
     }
@@ -138,16 +141,15 @@ __global__ void fill_random(uint8_t* x, long words, unsigned seed) {
 }
 
 // scale/zero vectors of every page: fp16 scales in [0.01, 0.2], zeros in [0, 15)
-__global__ void fill_scales(Shape sh, uint8_t* pool, int pages) {
-  const int kHeads = sh.heads, kHalves = kHeads * 64 * 2;
-  const long kPageBytes = sh.page_bytes();
-  for (long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x; i < static_cast<long>(pages) * kHalves;
+__global__ void fill_scales(Shape sh, uint8_t* pool) {
+  const int halves = sh.heads * 64 * 2;  // scales, then zeros
+  for (long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x; i < static_cast<long>(sh.total_pages()) * halves;
        i += static_cast<long>(gridDim.x) * blockDim.x) {
-    const long page = i / kHalves;
-    const int j = i % kHalves;
-    half* h = reinterpret_cast<half*>(pool + page * kPageBytes + kHeads * 64L * 64);
+    const long page = i / halves;
+    const int j = i % halves;
+    half* h = reinterpret_cast<half*>(pool + page * sh.page_bytes() + sh.code_bytes());
     const float r = (static_cast<unsigned>(i * 2654435761u) >> 8) / 16777216.f;
-    h[j] = __float2half(j < kHeads * 64 ? 0.01f + 0.19f * r : 15.f * r);
+    h[j] = __float2half(j < sh.heads * 64 ? 0.01f + 0.19f * r : 15.f * r);
   }
 }
 
@@ -192,44 +194,43 @@ int main(int argc, char** argv) {
     printf("length must be a multiple of 128 (4 warps x 32 tokens), group 1..8\n");
     return 1;
   }
-  const int kBatch = sh.batch, kLen = sh.len, kPages = sh.pages(), kHeads = sh.heads;
-  const long kPageBytes = sh.page_bytes();
-  const int pages = kBatch * kPages;
+  const int pages = sh.total_pages();
+  const long pool_bytes = pages * sh.page_bytes();
   uint8_t *k, *v, *flush;
   int *table, *seq_lens;
   half *q, *out;
   unsigned* sink;
-  CK(cudaMalloc(&k, pages * kPageBytes));
-  CK(cudaMalloc(&v, pages * kPageBytes));
+  CK(cudaMalloc(&k, pool_bytes));
+  CK(cudaMalloc(&v, pool_bytes));
   CK(cudaMalloc(&flush, 256L << 20));
-  fill_random<<<1024, 256>>>(k, pages * kPageBytes / 4, 1u);
-  fill_random<<<1024, 256>>>(v, pages * kPageBytes / 4, 2u);
-  fill_scales<<<1024, 256>>>(sh, k, pages);
-  fill_scales<<<1024, 256>>>(sh, v, pages);
-  std::vector<half> hq(kBatch * kHeads * group * kD);
+  fill_random<<<1024, 256>>>(k, pool_bytes / 4, 1u);
+  fill_random<<<1024, 256>>>(v, pool_bytes / 4, 2u);
+  fill_scales<<<1024, 256>>>(sh, k);
+  fill_scales<<<1024, 256>>>(sh, v);
+  std::vector<half> hq(sh.batch * sh.heads * group * kD);
   for (size_t i = 0; i < hq.size(); ++i) hq[i] = __float2half(((i * 7919) % 2001) / 1000.f - 1.f);
   CK(cudaMalloc(&q, hq.size() * 2));
   CK(cudaMemcpy(q, hq.data(), hq.size() * 2, cudaMemcpyHostToDevice));
   CK(cudaMalloc(&out, hq.size() * 2));
   CK(cudaMalloc(&sink, 4));
-  std::vector<int> perm(pages), lens(kBatch, kLen);
+  std::vector<int> perm(pages), lens(sh.batch, sh.len);
   for (int i = 0; i < pages; ++i) perm[i] = i;
   srand(1);
   for (int i = pages - 1; i > 0; --i) std::swap(perm[i], perm[rand() % (i + 1)]);
   CK(cudaMalloc(&table, pages * 4));
   CK(cudaMemcpy(table, perm.data(), pages * 4, cudaMemcpyHostToDevice));
-  CK(cudaMalloc(&seq_lens, kBatch * 4));
-  CK(cudaMemcpy(seq_lens, lens.data(), kBatch * 4, cudaMemcpyHostToDevice));
+  CK(cudaMalloc(&seq_lens, sh.batch * 4));
+  CK(cudaMemcpy(seq_lens, lens.data(), sh.batch * 4, cudaMemcpyHostToDevice));
   CK(cudaDeviceSynchronize());
-  const long bytes = 2L * kBatch * kHeads * kLen * (kD / 2 + 4);
-  printf("{\"kv_heads\": %d, \"group\": %d, \"batch\": %d, \"length\": %d, \"head_dim\": %d, \"kv4_bytes\": %ld}\n", kHeads,
-         group, kBatch, kLen, kD, bytes);
+  const long bytes = sh.kv4_bytes();
+  printf("{\"kv_heads\": %d, \"group\": %d, \"batch\": %d, \"length\": %d, \"head_dim\": %d, \"kv4_bytes\": %ld}\n", sh.heads,
+         group, sh.batch, sh.len, kD, bytes);
   for (bool flushed : {false, true}) {
     for (int stages : {2, 3}) {
       qoq_attn::DecodeParams p{};
       p.q = q; p.k_pages = k; p.v_pages = v; p.page_table = table; p.seq_lens = seq_lens; p.out = out;
-      p.page_bytes = kPageBytes; p.page_table_stride = kPages; p.batch = kBatch; p.num_kv_heads = kHeads;
-      p.group = group; p.num_splits = 1; p.pages_per_split = kPages; p.num_stages = stages;
+      p.page_bytes = sh.page_bytes(); p.page_table_stride = sh.pages(); p.batch = sh.batch; p.num_kv_heads = sh.heads;
+      p.group = group; p.num_splits = 1; p.pages_per_split = sh.pages(); p.num_stages = stages;
       p.scale_log2 = 1.4426950f / 11.3137085f;
       report(stages == 2 ? "decode_kv4_2_slots" : "decode_kv4_3_slots", flushed,
              [&] { CK(qoq_attn::launch_decode_kv4(p, kD, 0)); }, flush, bytes);
