@@ -14,11 +14,11 @@ from qoq.runtime_cuda.build import load_extension
 
 SOURCES = ("gemm_w4a8.cu", "quant_act.cu", "gemm_bindings.cpp")
 # The kernels: split-K GEMVs (M <= 64; 8 or 16 warps per 32 columns; at M <= 16 the activations are
-# staged in shared memory, per group the weights dequantize to biased u8) and tiled MMA kernels with
-# 64- or 128-row blocks; the "w" tiled kernels use 4 warps with BM x 32 warp tiles, so each weight
-# fragment is dequantized once per block; the "wg" kernels (Hopper only) use wgmma with the weights as
-# the register operand, named by block tile (channels x tokens). Grids below one wave split K (int32
-# partial sums added atomically).
+# staged in shared memory, on Hopper by bulk copies shared by pairs of blocks from M = 4; per group the
+# weights dequantize to biased u8) and tiled MMA kernels with 64- or 128-row blocks; the "w" tiled
+# kernels use 4 warps with BM x 32 warp tiles, so each weight fragment is dequantized once per block;
+# the "wg" kernels (Hopper only) use wgmma with the weights as the register operand, named by block
+# tile (channels x tokens). Grids below one wave split K (int32 partial sums added atomically).
 VARIANTS = {"gemv": 1, "gemv16": 6, "tiled64": 2, "tiled128": 3, "tiled128w": 4, "tiled64w": 5,
             "wg128x64": 7, "wg128x128": 8, "wg64x64": 9}
 GEMV_MAX_M = 64

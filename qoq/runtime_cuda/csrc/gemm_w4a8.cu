@@ -81,11 +81,36 @@ static int smem_optin() {
   return bytes;
 }
 
+static bool is_hopper() {
+  int device = 0, major = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  return major == 9;
+}
+
+// Blocks per cluster sharing their activation rows (Hopper, MT = 1, M >= GEMV_CLUSTER_MIN_M, an even
+// number of 32-column blocks), else 1.
+static int gemv_cluster(const GemmParams& p, int mt) {
+  const bool shared = mt == 1 && p.M >= GEMV_CLUSTER_MIN_M && (p.N / 32) % GEMV_CLUSTER == 0;
+  return shared && is_hopper() ? GEMV_CLUSTER : 1;
+}
+
 template <int MT, int GROUP, int WARPS>
 static void launch_gemv(const GemmParams& p, int smem_limit, cudaStream_t stream) {
   static bool configured = false;
   allow_smem(gemm_gemv_kernel<MT, GROUP, WARPS>, smem_limit, configured);
-  gemm_gemv_kernel<MT, GROUP, WARPS><<<p.N / 32, WARPS * 32, gemv_smem_bytes(MT, WARPS, p.M, p.K), stream>>>(p);
+  const int blocks_per_cluster = gemv_cluster(p, MT);
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim = {static_cast<unsigned>(blocks_per_cluster), 1, 1};
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(p.N / 32);
+  config.blockDim = dim3(WARPS * 32);
+  config.dynamicSmemBytes = gemv_smem_bytes(MT, WARPS, p.M, p.K);
+  config.stream = stream;
+  config.attrs = &cluster;
+  config.numAttrs = blocks_per_cluster > 1 ? 1 : 0;  // no cluster launches before Hopper
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, gemm_gemv_kernel<MT, GROUP, WARPS>, p));
 }
 
 // M <= 16 stages its activation rows in shared memory where they fit (K up to ~14000 at M = 16);

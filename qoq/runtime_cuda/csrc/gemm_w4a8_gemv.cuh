@@ -14,14 +14,71 @@ namespace qoq_gemm {
 // sums the 128 * x that comes off. With MT = 1 (M <= 16) the block first copies the M activation
 // rows into shared memory and reads A fragments by ldmatrix: per-lane 4-byte loads of 16 rows cost
 // 8x the L1 wavefronts. Rows >= M point ldmatrix at 16 zero bytes.
+//
+// On Hopper the activation rows arrive by bulk copies, and from GEMV_CLUSTER_MIN_M rows on, pairs of
+// neighbouring 32-column blocks form a cluster that shares one read of them: block r copies rows r,
+// r + 2, ... from L2 and multicasts each to both blocks (an SM-to-SM copy inside the GPU, not NVLink
+// multicast). At M = 16 the rows are as many bytes as a block's weights, so each block staging its
+// own copy doubled the bytes through L2. Clusters of 4 measured slower than pairs.
 constexpr int GEMV_RUN = 8;  // consecutive k-tiles (4 KB of weights) a warp loads in one go
-constexpr int GEMV_ZERO = 16;  // shared memory: 16 zero bytes, then [M][K + 16] activations (MT = 1)
+constexpr int GEMV_CLUSTER = 2;  // 32-column blocks sharing their activation rows (Hopper, MT = 1)
+constexpr int GEMV_CLUSTER_MIN_M = 4;  // fewer rows: the cluster's start-up costs more than it saves
+// shared memory header: 16 zero bytes, the activations' mbarrier (8), 8 spare; then [M][K + 16]
+// activations (MT = 1), later reused for the warps' partial sums
+constexpr int GEMV_HEADER = 32;
 
-// Shared memory: the activations (MT = 1), later reused for the warps' partial sums.
 __host__ __device__ constexpr int gemv_smem_bytes(int mt, int warps, int m, int k) {
   const int act = mt == 1 ? m * (k + 16) : 0, partial = warps * mt * 16 * 32 * 4;
-  return GEMV_ZERO + (act > partial ? act : partial);
+  return GEMV_HEADER + (act > partial ? act : partial);
 }
+
+#if __CUDA_ARCH__ >= 900
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+
+__device__ __forceinline__ uint32_t cluster_size() {
+  uint32_t n;
+  asm("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(n));
+  return n;
+}
+
+// Every thread of every block of the cluster; orders the mbarrier inits before the multicasts.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
+// One thread per block: the mbarrier at `bar` completes phase 0 once `bytes` have landed.
+__device__ __forceinline__ void mbarrier_expect(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar));
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+
+// One activation row into the same shared-memory offset of every block in `mask` (one: no multicast).
+__device__ __forceinline__ void bulk_copy_row(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar,
+                                              uint16_t mask) {
+  if (mask == 1) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+  } else {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, [%3], %4;\n"
+        ::"r"(dst), "l"(src), "r"(bytes), "r"(bar), "h"(mask) : "memory");
+  }
+}
+
+__device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  while (!done) {
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+  }
+}
+#endif
 
 __device__ __forceinline__ uint32_t load_act_word(const GemmParams& p, int row, int k) {
   return row < p.M ? __ldg(reinterpret_cast<const uint32_t*>(p.qx + static_cast<size_t>(row) * p.K + k)) : 0u;
@@ -97,32 +154,46 @@ __global__ void __launch_bounds__(WARPS * 32, MT == 1 ? 16 / WARPS : 1) gemm_gem
   const size_t scale_col = static_cast<size_t>(n0) * 32 + 4 * (lane >> 2);
   constexpr int STRIDE = WARPS * GEMV_RUN;
 
-  uint32_t a_base = 0, a_step = 0;
-  if constexpr (MT == 1) {  // the activations into shared memory, while the first weights load
-    uint8_t* act = smem + GEMV_ZERO;
-    const int row_pieces = p.K / 16;
-    for (int i = threadIdx.x; i < p.M * row_pieces; i += WARPS * 32) {
-      const int row = i / row_pieces, piece = i % row_pieces;
-      cp_async16(act + row * (p.K + 16) + piece * 16, p.qx + static_cast<size_t>(row) * p.K + piece * 16, true);
-    }
-    cp_async_commit();
-    if (threadIdx.x < 4) reinterpret_cast<uint32_t*>(smem)[threadIdx.x] = 0u;
-    // ldmatrix rows: lane l gives row (l % 8) + 8 ((l / 8) % 2), bytes 16 (l / 16) of a k-tile
-    const int row = (lane & 7) + 8 * ((lane >> 3) & 1);
-    const bool real = row < p.M;
-    a_base = static_cast<uint32_t>(__cvta_generic_to_shared(real ? act + row * (p.K + 16) + 16 * (lane >> 4) : smem));
-    a_step = real ? 32 : 0;
-  }
-
-  // Ping-pong between two runs: the next run's loads are in flight while this one computes.
+  // The first run's weight loads go out first; the activation rows land meanwhile.
   int acc[MT][4][4] = {}, offset[MT][4] = {};
   GemvRun<GROUP> ping, pong;
   int first = warp * GEMV_RUN;
   gemv_load_run<GROUP>(p, ping, tiles, scale_col, first, k_tiles);
+  uint32_t a_base = 0, a_step = 0;
   if constexpr (MT == 1) {
+    uint8_t* act = smem + GEMV_HEADER;
+    const int row_bytes = p.K + 16;  // +16: ldmatrix's 8 row addresses fall in distinct banks
+#if __CUDA_ARCH__ >= 900
+    const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(smem + 16));
+    if (threadIdx.x == 0) mbarrier_expect(bar, static_cast<uint32_t>(p.M * p.K));
+    const uint32_t rank = cluster_rank(), blocks = cluster_size();
+    cluster_sync();  // every block's mbarrier is set up before any row is multicast to it
+    for (int row = rank + blocks * threadIdx.x; row < p.M; row += blocks * WARPS * 32)
+      bulk_copy_row(static_cast<uint32_t>(__cvta_generic_to_shared(act + row * row_bytes)),
+                    p.qx + static_cast<size_t>(row) * p.K, p.K, bar, static_cast<uint16_t>((1u << blocks) - 1));
+#else
+    const int row_pieces = p.K / 16;
+    for (int i = threadIdx.x; i < p.M * row_pieces; i += WARPS * 32) {
+      const int row = i / row_pieces, piece = i % row_pieces;
+      cp_async16(act + row * row_bytes + piece * 16, p.qx + static_cast<size_t>(row) * p.K + piece * 16, true);
+    }
+    cp_async_commit();
+#endif
+    if (threadIdx.x < 4) reinterpret_cast<uint32_t*>(smem)[threadIdx.x] = 0u;
+    // ldmatrix rows: lane l gives row (l % 8) + 8 ((l / 8) % 2), bytes 16 (l / 16) of a k-tile
+    const int row = (lane & 7) + 8 * ((lane >> 3) & 1);
+    const bool real = row < p.M;
+    a_base = static_cast<uint32_t>(__cvta_generic_to_shared(real ? act + row * row_bytes + 16 * (lane >> 4) : smem));
+    a_step = real ? 32 : 0;
+#if __CUDA_ARCH__ >= 900
+    mbarrier_wait(bar, 0);
+#else
     cp_async_wait<0>();
-    __syncthreads();  // every thread's activation pieces and the zeros are in
+#endif
+    __syncthreads();  // the zeros are in (and, before Hopper, every thread's activation pieces)
   }
+
+  // Ping-pong between two runs: the next run's loads are in flight while this one computes.
   for (; first < k_tiles; first += 2 * STRIDE) {
     gemv_load_run<GROUP>(p, pong, tiles, scale_col, first + STRIDE, k_tiles);
     gemv_compute_run<MT, GROUP>(p, ping, first, k_tiles, a_base, a_step, acc, offset);
@@ -132,7 +203,7 @@ __global__ void __launch_bounds__(WARPS * 32, MT == 1 ? 16 / WARPS : 1) gemm_gem
 
   // Integer partial sums are exact in any order: reduce the warps' K slices through shared memory.
   if constexpr (MT == 1) __syncthreads();  // every warp is done with the activations: partials reuse them
-  int* partial = reinterpret_cast<int*>(smem + GEMV_ZERO);  // [WARPS][MT*16 accumulator slots][32 lanes]
+  int* partial = reinterpret_cast<int*>(smem + GEMV_HEADER);  // [WARPS][MT*16 accumulator slots][32 lanes]
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
