@@ -139,11 +139,13 @@ struct StageLoader {
   size_t act_stride, w_stride;      // bytes from chunk j to j+1
   int act_rows_left, w_tiles_left;  // chunk j is a real token / n-tile while j*step < these
   int act_k, w_k_tile;
+  int group_shift;  // log2(group) where it is a power of two (64, 128): a shift, not a division per step
   uint32_t act_dst, w_dst;
 
   __device__ __forceinline__ StageLoader(const GemmParams& p, int m_base, int n_base) {
     const int tid = threadIdx.x, r0 = tid >> 3, k_tiles = p.K / 32;
     act_k = (tid & 7) * 16;
+    group_shift = (p.group & (p.group - 1)) == 0 ? __ffs(p.group) - 1 : -1;
     w_k_tile = (tid >> 5) % K_TILES;
     act_rows_left = p.M - m_base - r0;
     w_tiles_left = p.N / 32 - n_base / 32;
@@ -174,8 +176,8 @@ struct StageLoader {
       const int8_t* table = table_id == 0 ? p.s2 : p.s2_zeros;
       const int n = n_base + (tid % TABLE_CHUNKS) * 16, k = kt * WG_BK + span * SCALE_SPAN;
       const bool valid = n < p.N && k < p.K;
-      cp_async16(stage + S::ACT + S::W + tid * 16, table + (valid ? static_cast<size_t>(k / p.group) * p.N + n : 0),
-                 valid);
+      const int row = group_shift >= 0 ? k >> group_shift : k / p.group;
+      cp_async16(stage + S::ACT + S::W + tid * 16, table + (valid ? static_cast<size_t>(row) * p.N + n : 0), valid);
     }
   }
 };
