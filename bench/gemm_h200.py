@@ -72,17 +72,18 @@ def check_gemm(model: str, n: int, k: int, group: int) -> list[dict]:
     rows = []
     for m in CHECK_M:
         x = torch.randn(m, k, device=DEV).half()
-        qx, s_x, xsum = reference.reference_quant(x, with_sum=True)
+        qx, s_x, xsum = reference.reference_quant(x, sums="inputs")
         acc_ref = reference.accumulate(qx, w_int)
         per_channel = {"s1_szeros": t["w.s1_szeros"], "xsum": xsum} if group == -1 else {}
         y_ref = reference.epilogue(acc_ref, s_x, t["w.s1_scales"], bias=t["w.bias"], out_dtype=torch.float32,
                                    **per_channel)
+        per_group = dict(s2, qsum=qx.sum(dim=1, dtype=torch.int32)) if s2 else {}  # as the quant kernels give it
         for variant in variants_for(m):
             acc = torch.full((m, n), -(2**31), dtype=torch.int32, device=DEV)
-            w4a8_accumulators(qx, t["w.qweight"], out=acc, variant=variant, **s2)
+            w4a8_accumulators(qx, t["w.qweight"], out=acc, variant=variant, **per_group)
             y = torch.full((m, n), float("nan"), dtype=torch.float16, device=DEV)
             w4a8_gemm(qx, s_x, t["w.qweight"], t["w.s1_scales"], bias=t["w.bias"], out=y, variant=variant,
-                      **s2, **per_channel)
+                      **per_group, **per_channel)
             exact = torch.equal(acc.long(), acc_ref)
             err = rel_err(y, y_ref) if torch.isfinite(y).all() else float("inf")
             rows.append(dict(model=model, n=n, k=k, group=group, m=m, variant=variant, acc_exact=exact,
@@ -90,13 +91,15 @@ def check_gemm(model: str, n: int, k: int, group: int) -> list[dict]:
     return rows
 
 
-def code_stats(result, ref) -> dict:
+def code_stats(result, ref, code_sums) -> dict:
+    """result / ref: (qx, s_x, input sums); code_sums: (qx, s_x, code sums) of the kernel, exact to its codes."""
     (q, s, xs), (q_ref, s_ref, xs_ref) = result, ref
     diff = (q.int() - q_ref.int()).abs()
     stats = dict(max_code_diff=int(diff.max()), frac_code_diff=(diff > 0).float().mean().item(),
-                 scale_rel_err=rel_err(s, s_ref), sum_rel_err=rel_err(xs, xs_ref))
+                 scale_rel_err=rel_err(s, s_ref), sum_rel_err=rel_err(xs, xs_ref),
+                 code_sums_exact=torch.equal(code_sums[2], code_sums[0].sum(dim=-1, dtype=torch.int32)))
     stats["ok"] = stats["max_code_diff"] <= 1 and stats["frac_code_diff"] <= 1e-3 and max(
-        stats["scale_rel_err"], stats["sum_rel_err"]) < 1e-3
+        stats["scale_rel_err"], stats["sum_rel_err"]) < 1e-3 and stats["code_sums_exact"]
     return stats
 
 
@@ -108,15 +111,17 @@ def check_fused() -> list[dict]:
             gamma = (torch.rand(k, device=DEV) + 0.5).half()
             gate_up = (torch.randn(tokens, 2 * k, device=DEV) * 3).half()
             gate, up = gate_up[:, :k], gate_up[:, k:]
-            cases = {
-                "quant": (quant_kernels.quant_tokens(x, True), reference.reference_quant(x, True)),
-                "rmsnorm_quant": (quant_kernels.rmsnorm_quant(x, gamma, 1e-5, True),
-                                  reference.reference_rmsnorm_quant(x, gamma, 1e-5, True)),
-                "silu_mul_quant": (quant_kernels.silu_mul_quant(gate, up, True),
-                                   reference.reference_silu_mul_quant(gate, up, True)),
+            cases = {  # kernel(sums), reference(sums)
+                "quant": (lambda sums: quant_kernels.quant_tokens(x, sums),
+                          lambda sums: reference.reference_quant(x, sums)),
+                "rmsnorm_quant": (lambda sums: quant_kernels.rmsnorm_quant(x, gamma, 1e-5, sums),
+                                  lambda sums: reference.reference_rmsnorm_quant(x, gamma, 1e-5, sums)),
+                "silu_mul_quant": (lambda sums: quant_kernels.silu_mul_quant(gate, up, sums),
+                                   lambda sums: reference.reference_silu_mul_quant(gate, up, sums)),
             }
-            for kernel, (got, ref) in cases.items():
-                rows.append(dict(kernel=kernel, tokens=tokens, k=k, **code_stats(got, ref)))
+            for kernel, (run, ref) in cases.items():
+                stats = code_stats(run("inputs"), ref("inputs"), run("codes"))
+                rows.append(dict(kernel=kernel, tokens=tokens, k=k, **stats))
     return rows
 
 
@@ -129,9 +134,10 @@ def w4a8_calls(m, n, k, group, variant):
         s_x, s1 = torch.rand(m, 1, device=DEV).half(), torch.rand(n, device=DEV).half() / 64
         if group == -1:
             extra = dict(s1_szeros=torch.rand(n, device=DEV).half(), xsum=torch.randn(m, device=DEV))
-        else:
+        else:  # the code sums come with qx from the quantization kernel, as xsum does per channel
             s2 = torch.randint(1, 17, (k // group, n), dtype=torch.int8, device=DEV)
-            extra = dict(s2_scales=s2, s2_zeros=-torch.randint(0, 100, (k // group, n), dtype=torch.int8, device=DEV))
+            extra = dict(s2_scales=s2, s2_zeros=-torch.randint(0, 100, (k // group, n), dtype=torch.int8, device=DEV),
+                         qsum=qx.sum(dim=1, dtype=torch.int32))
         calls.append(lambda qx=qx, s_x=s_x, qw=qw, s1=s1, e=extra: w4a8_gemm(qx, s_x, qw, s1, variant=variant, **e))
     return calls
 

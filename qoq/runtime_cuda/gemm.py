@@ -2,6 +2,8 @@
 qweight tiles are the mma.m16n8k32 B fragments the kernels read).
 
 Per group (§3.1): Y = s_x · s1 · Σ_k qx·(q·s2 + s2_zeros); per channel (§3.2): Y = s_x · s · Σ_k qx·q − z·Σx.
+Per group the wgmma kernels multiply the biased u8 weights W8 + 128 and take 128·Σ_k qx off again: the
+per-token code sums `qsum`, which the fused quantization kernels emit (sums="codes").
 """
 
 from __future__ import annotations
@@ -92,6 +94,17 @@ def _variant_id(variant: str, qx: torch.Tensor, n: int, group: int) -> int:
     return VARIANTS[variant]
 
 
+def _code_sums(qx: torch.Tensor, qsum: torch.Tensor | None, variant_id: int, group: int) -> torch.Tensor | None:
+    """The int32 [M] code sums a per-group wgmma GEMM needs: `qsum` as given, or summed here (one more
+    kernel) when the caller has none; None where the kernel does not read them."""
+    if group == -1 or variant_id < VARIANTS["wg128x64"]:
+        return None
+    if qsum is None:
+        return qx.sum(dim=1, dtype=torch.int32)
+    _require(qsum, "qsum", torch.int32, (qx.shape[0],))
+    return qsum
+
+
 def _require(t: torch.Tensor, name: str, dtype: torch.dtype, shape: tuple) -> None:
     """What the kernels read: a contiguous, 16-byte aligned CUDA tensor of this dtype and shape."""
     if not t.is_cuda or t.dtype != dtype:
@@ -149,6 +162,7 @@ def w4a8_gemm(
     s2_zeros: torch.Tensor | None = None,  # int8 [K/g, N], interleaved -z
     s1_szeros: torch.Tensor | None = None,  # fp16 [N], per channel
     xsum: torch.Tensor | None = None,  # fp32 [M], per channel
+    qsum: torch.Tensor | None = None,  # int32 [M] sums of qx's rows, per group (summed here if missing)
     bias: torch.Tensor | None = None,  # fp16 [N]
     out: torch.Tensor | None = None,  # fp16 [M, N] to write into
     variant: str = "auto",
@@ -165,8 +179,9 @@ def w4a8_gemm(
         if t is not None:
             _require(t, name, dtype, shape)
     variant_id = _variant_id(variant, qx, n, group)
-    return checked(extension().gemm(qx, s_x, qweight, s1_scales, s2_scales, s2_zeros, s1_szeros, xsum, bias, out,
-                                    variant_id))
+    qsum = _code_sums(qx, qsum, variant_id, group)
+    return checked(extension().gemm(qx, s_x, qweight, s1_scales, s2_scales, s2_zeros, s1_szeros, xsum, qsum, bias,
+                                    out, variant_id))
 
 
 def w4a8_accumulators(
@@ -175,6 +190,7 @@ def w4a8_accumulators(
     *,
     s2_scales: torch.Tensor | None = None,
     s2_zeros: torch.Tensor | None = None,
+    qsum: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     variant: str = "auto",
 ) -> torch.Tensor:
@@ -183,4 +199,5 @@ def w4a8_accumulators(
     if out is not None:
         _require(out, "out", torch.int32, (qx.shape[0], qweight.shape[0]))
     variant_id = _variant_id(variant, qx, qweight.shape[0], group)
-    return checked(extension().gemm_accumulators(qx, qweight, s2_scales, s2_zeros, out, variant_id))
+    qsum = _code_sums(qx, qsum, variant_id, group)
+    return checked(extension().gemm_accumulators(qx, qweight, s2_scales, s2_zeros, qsum, out, variant_id))

@@ -64,20 +64,27 @@ class CudaW4A8Linear(nn.Module):
         return cls(*(tensors.get(f"{prefix}.{name}") for name in
                      ("qweight", "s1_scales", "s2_scales", "s2_zeros", "s1_szeros", "bias")))
 
-    def forward_quantized(self, qx: torch.Tensor, s_x: torch.Tensor, xsum: torch.Tensor | None) -> torch.Tensor:
-        """GEMM of already quantized tokens: qx int8 [M, K], s_x fp16 [M, 1], xsum fp32 [M] -> [M, N]."""
+    @property
+    def sums(self) -> str:
+        """The per-token sums the GEMM needs from the quantization kernels (quant_kernels' `sums`)."""
+        return "inputs" if self.per_channel else "codes"
+
+    def forward_quantized(self, qx: torch.Tensor, s_x: torch.Tensor, sums: torch.Tensor | None) -> torch.Tensor:
+        """GEMM of already quantized tokens: qx int8 [M, K], s_x fp16 [M, 1] and the `self.sums` of the
+        quantization kernel [M] (fp32 input sums per channel; int32 code sums per group, or None) -> [M, N]."""
+        per_token = {"xsum": sums} if self.per_channel else {"qsum": sums}
         return w4a8_gemm(
             qx, s_x, self.qweight, self.s1_scales,
             s2_scales=self.s2_scales, s2_zeros=self.s2_zeros,
-            s1_szeros=self.s1_szeros, xsum=xsum, bias=self.bias,
+            s1_szeros=self.s1_szeros, bias=self.bias, **per_token,
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.in_features:
             raise ValueError(f"expected input [..., {self.in_features}], got {tuple(x.shape)}")
         lead = x.shape[:-1]
-        qx, s_x, xsum = quant_tokens(x.reshape(-1, self.in_features).half(), with_sum=self.per_channel)
-        return self.forward_quantized(qx, s_x, xsum).reshape(*lead, self.out_features)
+        qx, s_x, sums = quant_tokens(x.reshape(-1, self.in_features).half(), sums=self.sums)
+        return self.forward_quantized(qx, s_x, sums).reshape(*lead, self.out_features)
 
     def extra_repr(self) -> str:
         scheme = "per-channel" if self.per_channel else f"group={self.group_size}"

@@ -1,8 +1,9 @@
 """Fused per-token activation quantization on the GPU (DESIGN §3.3, §3.5, §5).
 
 Each function takes fp16 activations [..., K] and returns (qx int8 [..., K], s_x fp16 [..., 1],
-xsum fp32 [...] or None): xsum is the per-token sum of the fp16 GEMM input before quantization,
-which per-channel GEMMs need (§3.2). References with the same contracts: qoq.runtime_cuda.reference.
+sums [...] or None), where `sums` asks for the per-token sums a GEMM subtracts: "inputs", the fp32 sum
+of the fp16 GEMM input before quantization (per-channel GEMMs, §3.2), or "codes", the int32 sum of qx
+(per-group GEMMs on biased u8 weights). References with the same contracts: qoq.runtime_cuda.reference.
 """
 
 from __future__ import annotations
@@ -27,31 +28,41 @@ def _rows(x: torch.Tensor, name: str) -> torch.Tensor:
     return rows
 
 
-def _unflatten(result, lead: torch.Size, with_sum: bool):
-    qx, s_x, xsum = checked(result)
+SUMS = {None: 0, "inputs": 1, "codes": 2}  # the extension's codes for `sums`
+
+
+def _sums_code(sums: str | None) -> int:
+    if sums not in SUMS:
+        raise ValueError(f"unknown sums {sums!r}; choose None, 'inputs' or 'codes'")
+    return SUMS[sums]
+
+
+def _unflatten(result, lead: torch.Size, sums: str | None):
+    qx, s_x, row_sums = checked(result)
     return (
         qx.reshape(*lead, qx.shape[-1]),
         s_x.reshape(*lead, 1),
-        xsum.reshape(lead) if with_sum else None,
+        row_sums.reshape(lead) if sums is not None else None,
     )
 
 
-def quant_tokens(x: torch.Tensor, with_sum: bool = False):
+def quant_tokens(x: torch.Tensor, sums: str | None = None):
     """§3.3 of x [..., K]."""
-    return _unflatten(extension().quant_tokens(_rows(x, "x"), with_sum), x.shape[:-1], with_sum)
+    return _unflatten(extension().quant_tokens(_rows(x, "x"), _sums_code(sums)), x.shape[:-1], sums)
 
 
-def rmsnorm_quant(x: torch.Tensor, weight: torch.Tensor, eps: float, with_sum: bool = False):
+def rmsnorm_quant(x: torch.Tensor, weight: torch.Tensor, eps: float, sums: str | None = None):
     """§3.5 RMSNorm of x [..., K] (fp32 math, fp16 result), then §3.3."""
     if weight.shape != (x.shape[-1],):
         raise ValueError(f"RMSNorm weight must be [{x.shape[-1]}], got {tuple(weight.shape)}")
-    result = extension().rmsnorm_quant(_rows(x, "x"), _rows(weight.half(), "weight")[0], float(eps), with_sum)
-    return _unflatten(result, x.shape[:-1], with_sum)
+    code = _sums_code(sums)
+    result = extension().rmsnorm_quant(_rows(x, "x"), _rows(weight.half(), "weight")[0], float(eps), code)
+    return _unflatten(result, x.shape[:-1], sums)
 
 
-def silu_mul_quant(gate: torch.Tensor, up: torch.Tensor, with_sum: bool = False):
+def silu_mul_quant(gate: torch.Tensor, up: torch.Tensor, sums: str | None = None):
     """fp16(fp16(silu(gate)) · up) of gate, up [..., I] (e.g. the halves of a gate_up output), then §3.3."""
     if gate.shape != up.shape:
         raise ValueError(f"gate {tuple(gate.shape)} and up {tuple(up.shape)} must have one shape")
-    result = extension().silu_mul_quant(_rows(gate, "gate"), _rows(up, "up"), with_sum)
-    return _unflatten(result, gate.shape[:-1], with_sum)
+    result = extension().silu_mul_quant(_rows(gate, "gate"), _rows(up, "up"), _sums_code(sums))
+    return _unflatten(result, gate.shape[:-1], sums)

@@ -81,25 +81,30 @@ def reference_gemm(
     return epilogue(acc, s_x, s1_scales, s1_szeros=s1_szeros, xsum=xsum, bias=bias, out_dtype=out_dtype)
 
 
-def _quantize_with_sum(y: torch.Tensor, with_sum: bool):
+def _quantize_with_sums(y: torch.Tensor, sums: str | None):
+    if sums not in (None, "inputs", "codes"):
+        raise ValueError(f"unknown sums {sums!r}; choose None, 'inputs' or 'codes'")
     qx, s_x = quantize_tokens(y)
-    return qx, s_x, y.float().sum(dim=-1) if with_sum else None
+    if sums == "inputs":
+        return qx, s_x, y.float().sum(dim=-1)
+    return qx, s_x, qx.sum(dim=-1, dtype=torch.int32) if sums == "codes" else None
 
 
-def reference_quant(x: torch.Tensor, with_sum: bool = False):
-    """§3.3 of fp16 x [..., K] -> (qx, s_x [..., 1], xsum fp32 [...] or None)."""
-    return _quantize_with_sum(x, with_sum)
+def reference_quant(x: torch.Tensor, sums: str | None = None):
+    """§3.3 of fp16 x [..., K] -> (qx, s_x [..., 1], sums [...] or None): fp32 sums of x ("inputs")
+    or int32 sums of qx ("codes")."""
+    return _quantize_with_sums(x, sums)
 
 
-def reference_rmsnorm_quant(x: torch.Tensor, weight: torch.Tensor, eps: float, with_sum: bool = False):
+def reference_rmsnorm_quant(x: torch.Tensor, weight: torch.Tensor, eps: float, sums: str | None = None):
     """§3.5 RMSNorm in fp32, rounded to fp16 (the GEMM input), then §3.3."""
     x32 = x.float()
     inv_rms = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)  # [..., 1]
     y = (x32 * inv_rms * weight.float()).half()
-    return _quantize_with_sum(y, with_sum)
+    return _quantize_with_sums(y, sums)
 
 
-def reference_silu_mul_quant(gate: torch.Tensor, up: torch.Tensor, with_sum: bool = False):
+def reference_silu_mul_quant(gate: torch.Tensor, up: torch.Tensor, sums: str | None = None):
     """fp16(fp16(silu(gate)) · up), as an fp16 MLP computes it, then §3.3."""
     y = F.silu(gate.half()) * up.half()
-    return _quantize_with_sum(y, with_sum)
+    return _quantize_with_sums(y, sums)

@@ -52,11 +52,14 @@ def test_gemm_accumulators_exact_and_outputs_close(group_size, n, k):
     t = _artifact(n, k, group_size, seed=n + k)
     for m, variants in VARIANTS_BY_M.items():
         x = torch.randn(m, k, device=DEV).half()
-        qx, s_x, xsum = reference_quant(x, with_sum=True)
+        qx, s_x, xsum = reference_quant(x, sums="inputs")
         s2 = {a: v for a, v in _gemm_args(t).items() if a.startswith("s2")}
-        acc_ref = reference_accumulators(qx, t["w.qweight"], **s2)
+        if s2:  # the code sums the wgmma kernels take off, as the quantization kernels give them
+            s2["qsum"] = qx.sum(dim=1, dtype=torch.int32)
+        acc_ref = reference_accumulators(qx, t["w.qweight"], **{a: v for a, v in s2.items() if a != "qsum"})
         args = dict(_gemm_args(t), xsum=xsum if group_size == -1 else None)
         y_ref = reference_gemm(qx, s_x, t["w.qweight"], t["w.s1_scales"], out_dtype=torch.float32, **args)
+        args["qsum"] = s2.get("qsum")
         for variant in variants:
             acc = torch.full((m, n), -(2**31), dtype=torch.int32, device=DEV)  # poison: every element is written
             w4a8_accumulators(qx, t["w.qweight"], out=acc, variant=variant, **s2)
@@ -106,6 +109,10 @@ def test_bad_arguments_raise_before_reaching_the_extension():
         w4a8_gemm(qx, s_x, t["w.qweight"], t["w.s1_scales"], **s2)
     with pytest.raises(ValueError, match="16-byte aligned"):
         w4a8_gemm(qx, s_x[1:], t["w.qweight"], t["w.s1_scales"], **s2)
+    if WGMMA:  # per group they take the code sums
+        with pytest.raises(ValueError, match=r"qsum must be \[4\]"):
+            w4a8_gemm(qx, s_x[:4], t["w.qweight"], t["w.s1_scales"],
+                      qsum=torch.zeros(5, dtype=torch.int32, device=DEV), variant="wg64x64", **s2)
     with pytest.raises(ValueError, match="gemv variant handles M <= 64"):
         w4a8_accumulators(torch.zeros(65, 256, dtype=torch.int8, device=DEV), t["w.qweight"], variant="gemv", **s2)
     with pytest.raises(ValueError, match="multiple of 8"):
@@ -117,30 +124,38 @@ def _codes_match(q: torch.Tensor, q_ref: torch.Tensor) -> None:
     assert int(diff.max()) <= 1 and (diff > 0).float().mean().item() <= 1e-3
 
 
-def _check_quant(result, reference) -> None:
-    (q, s, xs), (q_ref, s_ref, xs_ref) = result, reference
+def _check_quant(quantize, reference) -> None:
+    """`quantize(sums)` of a CUDA kernel against `reference(sums)`: codes, scales, input sums; and the
+    code sums exactly those of the kernel's own codes."""
+    (q, s, xs), (q_ref, s_ref, xs_ref) = quantize("inputs"), reference("inputs")
     assert q.shape == q_ref.shape and s.shape == s_ref.shape
     _codes_match(q, q_ref)
     assert _rel(s, s_ref) < 1e-3 and _rel(xs, xs_ref) < 1e-3
+    q, _, qsum = quantize("codes")
+    assert qsum.dtype == torch.int32 and torch.equal(qsum, q.sum(dim=-1, dtype=torch.int32))
 
 
 @pytest.mark.parametrize("k", [256, 4096, 28672])  # 28672: the row buffer needs > 48 KB of shared memory
 def test_quant_tokens(k):
     x = (torch.randn(3, 5, k, device=DEV) * 3).half()
-    _check_quant(quant_kernels.quant_tokens(x, with_sum=True), reference_quant(x, with_sum=True))
+    _check_quant(lambda sums: quant_kernels.quant_tokens(x, sums), lambda sums: reference_quant(x, sums))
     _, s, xs = quant_kernels.quant_tokens(x)
     assert xs is None and torch.equal(s, reference_quant(x)[1])
+    with pytest.raises(ValueError, match="unknown sums"):
+        quant_kernels.quant_tokens(x, sums=True)
 
 
 def test_rmsnorm_quant():
     x, w = (torch.randn(33, 1024, device=DEV) * 2).half(), (torch.rand(1024, device=DEV) + 0.5).half()
-    _check_quant(quant_kernels.rmsnorm_quant(x, w, 1e-5, True), reference_rmsnorm_quant(x, w, 1e-5, True))
+    _check_quant(lambda sums: quant_kernels.rmsnorm_quant(x, w, 1e-5, sums),
+                 lambda sums: reference_rmsnorm_quant(x, w, 1e-5, sums))
 
 
 def test_silu_mul_quant_on_the_halves_of_a_gate_up_output():
     gate_up = (torch.randn(2, 9, 2 * 768, device=DEV) * 3).half()
     gate, up = gate_up[..., :768], gate_up[..., 768:]  # strided views
-    _check_quant(quant_kernels.silu_mul_quant(gate, up, True), reference_silu_mul_quant(gate, up, True))
+    _check_quant(lambda sums: quant_kernels.silu_mul_quant(gate, up, sums),
+                 lambda sums: reference_silu_mul_quant(gate, up, sums))
 
 
 @pytest.mark.parametrize("group_size", [128, -1])

@@ -50,7 +50,7 @@ def test_reference_accumulators_are_exact(group_size):
 def test_reference_gemm_matches_dequantized_matmul(group_size):
     qw, tensors, bias = _artifact(group_size, seed=1)
     x = torch.randn(M, K).half()
-    qx, s_x, xsum = reference_quant(x, with_sum=True)
+    qx, s_x, xsum = reference_quant(x, sums="inputs")
     y = reference_gemm(qx, s_x, tensors["layer.qweight"], tensors["layer.s1_scales"], xsum=xsum,
                        out_dtype=torch.float32, **_args(tensors))
     x_hat = qx.double() * s_x.double()  # [M, K]
@@ -78,7 +78,7 @@ def test_reference_gemm_is_integer_linear_bit_for_bit(group_size):
     # equal the `reference` backend's (bench/executor_cuda_check.py).
     _, tensors, _ = _artifact(group_size, seed=3)
     x = (torch.randn(M, K) * 2).half()
-    qx, s_x, xsum = reference_quant(x, with_sum=True)
+    qx, s_x, xsum = reference_quant(x, sums="inputs")
     y = reference_gemm(qx, s_x, tensors["layer.qweight"], tensors["layer.s1_scales"], xsum=xsum, **_args(tensors))
     expected = IntegerLinear.from_tensors(tensors, "layer")(x)
     if group_size == -1:  # per channel both subtract z·Σx, summed in different orders
@@ -96,12 +96,16 @@ def test_gemm_checks_operands_in_python_before_building_the_extension():
 
 def test_reference_quant_is_quantize_tokens_plus_sum():
     x = (torch.randn(3, 7, K) * 4).half()
-    qx, s_x, xsum = reference_quant(x, with_sum=True)
+    qx, s_x, xsum = reference_quant(x, sums="inputs")
     q_expected, s_expected = quantize_tokens(x)
     assert torch.equal(qx, q_expected) and torch.equal(s_x, s_expected)
     assert s_x.shape == (3, 7, 1) and xsum.shape == (3, 7)
     assert torch.allclose(xsum, x.float().sum(-1), rtol=1e-6, atol=1e-4)
     assert reference_quant(x)[2] is None
+    _, _, qsum = reference_quant(x, sums="codes")  # what per-group wgmma GEMMs take off again
+    assert qsum.dtype == torch.int32 and torch.equal(qsum, qx.long().sum(-1).int())
+    with pytest.raises(ValueError, match="unknown sums 'x'"):
+        reference_quant(x, sums="x")
 
 
 def test_reference_rmsnorm_quant_is_rmsnorm_then_quantize():
@@ -109,7 +113,7 @@ def test_reference_rmsnorm_quant_is_rmsnorm_then_quantize():
     norm = RMSNorm(K, eps=1e-5)
     with torch.no_grad():
         norm.weight.copy_((torch.rand(K) + 0.5).half().float())  # fp16-exact, as stored
-    qx, s_x, xsum = reference_rmsnorm_quant(x, norm.weight.detach().half(), 1e-5, with_sum=True)
+    qx, s_x, xsum = reference_rmsnorm_quant(x, norm.weight.detach().half(), 1e-5, sums="inputs")
     y = norm(x).detach()  # fp16, as the fp16 model computes it
     q_expected, s_expected = quantize_tokens(y)
     assert torch.equal(qx, q_expected) and torch.equal(s_x, s_expected)
@@ -118,7 +122,7 @@ def test_reference_rmsnorm_quant_is_rmsnorm_then_quantize():
 
 def test_reference_silu_mul_quant_is_the_mlp_product_then_quantize():
     gate, up = (torch.randn(2, 3, K) * 2).half(), (torch.randn(2, 3, K) * 2).half()
-    qx, s_x, xsum = reference_silu_mul_quant(gate, up, with_sum=True)
+    qx, s_x, xsum = reference_silu_mul_quant(gate, up, sums="inputs")
     y = F.silu(gate) * up  # fp16 [2, 3, K]
     q_expected, s_expected = quantize_tokens(y)
     assert torch.equal(qx, q_expected) and torch.equal(s_x, s_expected)

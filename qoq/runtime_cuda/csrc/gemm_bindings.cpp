@@ -45,7 +45,7 @@ const __half* half_ptr(const at::Tensor& t) { return reinterpret_cast<const __ha
 // Shapes, dtypes and the per-group / per-channel terms; fills everything of p but the output.
 Problem check_gemm(qoq_gemm::GemmParams& p, const at::Tensor& qx, const Opt& s_x, const at::Tensor& qweight,
                    const Opt& s1, const Opt& s2, const Opt& s2_zeros, const Opt& szero, const Opt& xsum,
-                   const Opt& bias, int64_t variant, bool want_acc) {
+                   const Opt& qsum, const Opt& bias, int64_t variant, bool want_acc) {
   for (const auto& [t, name] : {std::pair{&qx, "qx"}, std::pair{&qweight, "qweight"}}) {
     if (Problem problem = check_tensor(*t, name, at::kChar); !problem.empty()) return problem;
   }
@@ -81,6 +81,10 @@ Problem check_gemm(qoq_gemm::GemmParams& p, const at::Tensor& qx, const Opt& s_x
       return text("the gemv variant handles groups of 64 or 128, got ", p.group);
     p.s2 = s2->data_ptr<int8_t>();
     p.s2_zeros = s2_zeros->data_ptr<int8_t>();
+    if (variant >= qoq_gemm::WG128X64) {  // per group the wgmma kernels take the code sums
+      if (Problem problem = check_vector(qsum, "qsum", at::kInt, M); !problem.empty()) return problem;
+      p.qsum = qsum->data_ptr<int32_t>();
+    }
   }
   if (want_acc) return {};
   for (const auto& [t, name, dtype, n] : {std::tuple{&s_x, "s_x", at::kHalf, M}, std::tuple{&s1, "s1_scales", at::kHalf, N}}) {
@@ -103,10 +107,10 @@ Problem check_gemm(qoq_gemm::GemmParams& p, const at::Tensor& qx, const Opt& s_x
 
 // fp16 Y [M, N] (or the int32 accumulators when want_acc), or the problem's text.
 py::object run_gemm(const at::Tensor& qx, const Opt& s_x, const at::Tensor& qweight, const Opt& s1, const Opt& s2,
-                    const Opt& s2_zeros, const Opt& szero, const Opt& xsum, const Opt& bias, const Opt& out,
-                    int64_t variant, bool want_acc) {
+                    const Opt& s2_zeros, const Opt& szero, const Opt& xsum, const Opt& qsum, const Opt& bias,
+                    const Opt& out, int64_t variant, bool want_acc) {
   qoq_gemm::GemmParams p{};
-  Problem problem = check_gemm(p, qx, s_x, qweight, s1, s2, s2_zeros, szero, xsum, bias, variant, want_acc);
+  Problem problem = check_gemm(p, qx, s_x, qweight, s1, s2, s2_zeros, szero, xsum, qsum, bias, variant, want_acc);
   if (!problem.empty()) return py::str(problem);
   const auto out_dtype = want_acc ? at::kInt : at::kHalf;
   at::Tensor result = out.has_value() ? *out : at::empty({p.M, p.N}, qx.options().dtype(out_dtype));
@@ -128,8 +132,9 @@ Problem check_rows(const at::Tensor& t, const char* name) {
   return {};
 }
 
-// {qx, s_x, xsum} of quant_rows, or the problem's text.
-py::object run_quant(qoq_quant::RowOp op, const at::Tensor& x, const at::Tensor& other, double eps, bool with_sum) {
+// {qx, s_x, sums} of quant_rows, or the problem's text.
+py::object run_quant(qoq_quant::RowOp op, const at::Tensor& x, const at::Tensor& other, double eps, int64_t sums) {
+  if (sums < 0 || sums > 2) return py::str(text("unknown row sums ", sums, " (0: none, 1: inputs, 2: codes)"));
   Problem problem = check_rows(x, op == qoq_quant::RowOp::SiluMul ? "gate" : "x");
   if (problem.empty() && op == qoq_quant::RowOp::SiluMul) {
     problem = check_rows(other, "up");
@@ -141,29 +146,29 @@ py::object run_quant(qoq_quant::RowOp op, const at::Tensor& x, const at::Tensor&
       problem = text("weight has ", other.numel(), " elements, x has K=", x.size(1));
   }
   if (!problem.empty()) return py::str(problem);
-  return py::cast(qoq_quant::quant_rows(op, x, other, eps, with_sum));
+  return py::cast(qoq_quant::quant_rows(op, x, other, eps, static_cast<qoq_quant::RowSums>(sums)));
 }
 
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gemm", [](const at::Tensor& qx, const at::Tensor& s_x, const at::Tensor& qweight, const at::Tensor& s1,
-                   const Opt& s2, const Opt& s2_zeros, const Opt& szero, const Opt& xsum, const Opt& bias,
-                   const Opt& out, int64_t variant) {
-    return run_gemm(qx, s_x, qweight, s1, s2, s2_zeros, szero, xsum, bias, out, variant, false);
+                   const Opt& s2, const Opt& s2_zeros, const Opt& szero, const Opt& xsum, const Opt& qsum,
+                   const Opt& bias, const Opt& out, int64_t variant) {
+    return run_gemm(qx, s_x, qweight, s1, s2, s2_zeros, szero, xsum, qsum, bias, out, variant, false);
   }, "W4A8 GEMM -> fp16 [M, N], or the text of a problem with the arguments");
   m.def("gemm_accumulators", [](const at::Tensor& qx, const at::Tensor& qweight, const Opt& s2, const Opt& s2_zeros,
-                                const Opt& out, int64_t variant) {
-    return run_gemm(qx, c10::nullopt, qweight, c10::nullopt, s2, s2_zeros, c10::nullopt, c10::nullopt,
+                                const Opt& qsum, const Opt& out, int64_t variant) {
+    return run_gemm(qx, c10::nullopt, qweight, c10::nullopt, s2, s2_zeros, c10::nullopt, c10::nullopt, qsum,
                     c10::nullopt, out, variant, true);
   }, "W4A8 GEMM int32 accumulators [M, N] (debug), or the text of a problem");
-  m.def("quant_tokens", [](const at::Tensor& x, bool with_sum) {
-    return run_quant(qoq_quant::RowOp::Plain, x, at::Tensor(), 0.0, with_sum);
+  m.def("quant_tokens", [](const at::Tensor& x, int64_t sums) {
+    return run_quant(qoq_quant::RowOp::Plain, x, at::Tensor(), 0.0, sums);
   });
-  m.def("rmsnorm_quant", [](const at::Tensor& x, const at::Tensor& weight, double eps, bool with_sum) {
-    return run_quant(qoq_quant::RowOp::RmsNorm, x, weight, eps, with_sum);
+  m.def("rmsnorm_quant", [](const at::Tensor& x, const at::Tensor& weight, double eps, int64_t sums) {
+    return run_quant(qoq_quant::RowOp::RmsNorm, x, weight, eps, sums);
   });
-  m.def("silu_mul_quant", [](const at::Tensor& gate, const at::Tensor& up, bool with_sum) {
-    return run_quant(qoq_quant::RowOp::SiluMul, gate, up, 0.0, with_sum);
+  m.def("silu_mul_quant", [](const at::Tensor& gate, const at::Tensor& up, int64_t sums) {
+    return run_quant(qoq_quant::RowOp::SiluMul, gate, up, 0.0, sums);
   });
 }

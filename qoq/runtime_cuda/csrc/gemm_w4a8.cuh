@@ -79,6 +79,13 @@ __device__ __forceinline__ BiasedScales<BLOCKS> unpack_biased_scales(uint32_t s2
   return bs;
 }
 
+// Row of the per-group tables (s2, -z) that holds k: a shift for the power-of-two groups of the
+// recipes (64, 128), a division only otherwise (an integer division per k-step, in the one warp that
+// copies the tables, held back the whole block).
+__device__ __forceinline__ int group_row(int k, int group) {
+  return (group & (group - 1)) == 0 ? k >> (__ffs(group) - 1) : k / group;
+}
+
 // 16 packed bytes of one lane -> B fragments b[j][d] of the n8 blocks j: the codes, or per group
 // scales.apply of them (GroupScales: the int8 W8; BiasedScales<4>: W8 + 128 for mma_s8u8_16832).
 template <bool GROUPED, class Scales>

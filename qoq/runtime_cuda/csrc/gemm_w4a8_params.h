@@ -27,6 +27,7 @@ struct GemmParams {
   const int8_t* s2_zeros;    // [K/g, N] interleaved -z (per group)
   const __half* szero;       // [N] scaled zeros (per channel)
   const float* xsum;         // [M] per-token sums of the unquantized activation (per channel)
+  const int32_t* qsum;       // [M] per-token sums of qx (per group, wgmma kernels: the u8 weights' offset)
   const __half* bias;        // [N] or nullptr
   __half* out;               // [M, N]
   int32_t* acc_out;          // [M, N] debug: raw int32 accumulators instead of `out`

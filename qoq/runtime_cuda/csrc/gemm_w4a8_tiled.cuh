@@ -50,7 +50,7 @@ __device__ __forceinline__ void tiled_load_stage(const GemmParams& p, uint8_t* s
     const int8_t* table = table_id == 0 ? p.s2 : p.s2_zeros;
     const int n = n_base + (tid % 8) * 16, k = k_base + span * SCALE_SPAN;
     const bool valid = n < p.N && k < p.K;
-    const int8_t* src = table + (valid ? static_cast<size_t>(k / p.group) * p.N + n : 0);
+    const int8_t* src = table + (valid ? static_cast<size_t>(group_row(k, p.group)) * p.N + n : 0);
     cp_async16(stage + S::A + S::B + tid * 16, src, valid);
   }
 }

@@ -139,13 +139,11 @@ struct StageLoader {
   size_t act_stride, w_stride;      // bytes from chunk j to j+1
   int act_rows_left, w_tiles_left;  // chunk j is a real token / n-tile while j*step < these
   int act_k, w_k_tile;
-  int group_shift;  // log2(group) where it is a power of two (64, 128): a shift, not a division per step
   uint32_t act_dst, w_dst;
 
   __device__ __forceinline__ StageLoader(const GemmParams& p, int m_base, int n_base) {
     const int tid = threadIdx.x, r0 = tid >> 3, k_tiles = p.K / 32;
     act_k = (tid & 7) * 16;
-    group_shift = (p.group & (p.group - 1)) == 0 ? __ffs(p.group) - 1 : -1;
     w_k_tile = (tid >> 5) % K_TILES;
     act_rows_left = p.M - m_base - r0;
     w_tiles_left = p.N / 32 - n_base / 32;
@@ -176,8 +174,8 @@ struct StageLoader {
       const int8_t* table = table_id == 0 ? p.s2 : p.s2_zeros;
       const int n = n_base + (tid % TABLE_CHUNKS) * 16, k = kt * WG_BK + span * SCALE_SPAN;
       const bool valid = n < p.N && k < p.K;
-      const int row = group_shift >= 0 ? k >> group_shift : k / p.group;
-      cp_async16(stage + S::ACT + S::W + tid * 16, table + (valid ? static_cast<size_t>(row) * p.N + n : 0), valid);
+      cp_async16(stage + S::ACT + S::W + tid * 16,
+                 table + (valid ? static_cast<size_t>(group_row(k, p.group)) * p.N + n : 0), valid);
     }
   }
 };
@@ -189,8 +187,7 @@ struct StageLoader {
 // tile at N=96, K=288 on the H200, so the fragments are built first and each step drains.)
 template <int ROWS, int BT, int STAGES, bool GROUPED, int H, int ACC>
 __device__ __forceinline__ void wgmma_step(const GemmParams& p, const StageLoader<ROWS, BT, GROUPED>& loader,
-                                           uint8_t* smem, int i, int steps, int kt0, int n_base, int (&acc)[H][ACC],
-                                           int& token_sum) {
+                                           uint8_t* smem, int i, int steps, int kt0, int n_base, int (&acc)[H][ACC]) {
   using S = WgmmaSmem<ROWS, BT, STAGES>;
   constexpr int K_TILES = WG_BK / 32;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -203,16 +200,6 @@ __device__ __forceinline__ void wgmma_step(const GemmParams& p, const StageLoade
   cp_async_commit();
 
   const uint8_t* stage = smem + (i % STAGES) * S::STAGE;
-  if constexpr (GROUPED) {  // this thread's share of its token's sum of x over the step
-    constexpr int PARTS = WG_THREADS / BT, CHUNKS = 8 / PARTS;
-    const int r = threadIdx.x % BT, part = threadIdx.x / BT;
-#pragma unroll
-    for (int cc = 0; cc < CHUNKS; ++cc) {
-      const int chunk = part * CHUNKS + cc;
-      const int4 x = *reinterpret_cast<const int4*>(stage + r * WG_BK + ((chunk ^ (r & 7)) << 4));
-      token_sum = __dp4a(x.x, 0x01010101, __dp4a(x.y, 0x01010101, __dp4a(x.z, 0x01010101, __dp4a(x.w, 0x01010101, token_sum))));
-    }
-  }
   BiasedScales<2 * H> bs[WG_BK / SCALE_SPAN] = {};
   if constexpr (GROUPED) {
 #pragma unroll
@@ -262,9 +249,7 @@ __global__ void __launch_bounds__(WG_THREADS) gemm_wgmma_kernel(const GemmParams
     if (s < steps) loader.load(p, smem + s * WgmmaSmem<ROWS, BT, STAGES>::STAGE, kt0 + s, n_base);
     cp_async_commit();
   }
-  int token_sum = 0;  // GROUPED: this thread's part of its token's sum of x (the u8 fragments' offset)
-  for (int i = 0; i < steps; ++i)
-    wgmma_step<ROWS, BT, STAGES, GROUPED, H>(p, loader, smem, i, steps, kt0, n_base, acc, token_sum);
+  for (int i = 0; i < steps; ++i) wgmma_step<ROWS, BT, STAGES, GROUPED, H>(p, loader, smem, i, steps, kt0, n_base, acc);
 #pragma unroll
   for (int hh = 0; hh < H; ++hh) fence_operands(acc[hh]);  // no read of them moves above the last wait
 
@@ -272,25 +257,19 @@ __global__ void __launch_bounds__(WG_THREADS) gemm_wgmma_kernel(const GemmParams
   // by 4 words: conflict-free), so that each thread then writes 8 consecutive channels of a token.
   cp_async_wait<0>();
   __syncthreads();  // every warp is done with the stages
-  constexpr int ROW = ROWS + 4, PARTS = WG_THREADS / BT;
-  static_assert((BT * ROW + PARTS * BT) * 4 <= STAGES * WgmmaSmem<ROWS, BT, STAGES>::STAGE, "epilogue tile");
+  constexpr int ROW = ROWS + 4;
+  static_assert(BT * ROW * 4 <= STAGES * WgmmaSmem<ROWS, BT, STAGES>::STAGE, "epilogue tile");
   int* tile = reinterpret_cast<int*>(smem);
-  int* token_sums = tile + BT * ROW;  // [PARTS][BT]
-  if constexpr (GROUPED) {
-    token_sums[threadIdx.x] = token_sum;  // = part * BT + token
-    __syncthreads();
-  }
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int j = 0; j < BT / 8; ++j)
 #pragma unroll
     for (int x = 0; x < 2; ++x) {  // acc[hh][4j + 2e + x]: token 8j + 2t + x
       const int token = 8 * j + 2 * t + x;
-      int offset = 0;  // GROUPED: the fragments held W8 + 128
-      if constexpr (GROUPED) {
-#pragma unroll
-        for (int part = 0; part < PARTS; ++part) offset += 128 * token_sums[part * BT + token];
-      }
+      // GROUPED: the fragments held W8 + 128, so 128 * (the token's sum of qx over K) comes off,
+      // once: by the first K split
+      const bool offset_here = GROUPED && blockIdx.z == 0 && m_base + token < p.M;
+      const int offset = offset_here ? 128 * p.qsum[m_base + token] : 0;
 #pragma unroll
       for (int hh = 0; hh < H; ++hh)
 #pragma unroll

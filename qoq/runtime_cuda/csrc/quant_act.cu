@@ -1,6 +1,6 @@
 // Fused per-token activation quantization (DESIGN §3.3, §3.5, §5): one block per token row.
 // Pass 1 computes the fp16 GEMM input y (x, RMSNorm(x) or silu(gate)*up) into shared memory and
-// its |max| and sum; pass 2 writes the int8 codes. Divisions are IEEE (__fdiv_rn) even under
+// its |max| and sum; pass 2 writes the int8 codes and sums them. Divisions are IEEE (__fdiv_rn) even under
 // --use_fast_math so codes match the torch reference exactly.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAStream.h>
@@ -25,30 +25,38 @@ struct QuantParams {
   int K;
   int8_t* qx;    // [T, K]
   half* scale;   // [T]
-  float* xsum;   // [T] or nullptr
+  float* xsum;   // [T] or nullptr: sums of y
+  int* qsum;     // [T] or nullptr: sums of the codes
 };
 
-template <bool IS_MAX>
-__device__ float block_reduce(float v, float* scratch) {
+template <bool IS_MAX, typename T>
+__device__ __forceinline__ T combine(T a, T b) {
+  if constexpr (IS_MAX) return fmaxf(a, b);
+  else return a + b;
+}
+
+// IS_MAX: |max| (of values >= 0); else a sum. `scratch`: 32 words of shared memory.
+template <bool IS_MAX, typename T>
+__device__ T block_reduce(T v, T* scratch) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) {
-    const float o = __shfl_xor_sync(0xffffffffu, v, off);
-    v = IS_MAX ? fmaxf(v, o) : v + o;
+    const T o = __shfl_xor_sync(0xffffffffu, v, off);
+    v = combine<IS_MAX>(v, o);
   }
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
   if (warp == 0) {
-    v = lane < THREADS / 32 ? scratch[lane] : 0.0f;  // 0 is neutral for sums and for |max|
+    v = lane < THREADS / 32 ? scratch[lane] : T(0);  // 0 is neutral for sums and for |max|
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) {
-      const float o = __shfl_xor_sync(0xffffffffu, v, off);
-      v = IS_MAX ? fmaxf(v, o) : v + o;
+      const T o = __shfl_xor_sync(0xffffffffu, v, off);
+      v = combine<IS_MAX>(v, o);
     }
     if (lane == 0) scratch[0] = v;
   }
   __syncthreads();
-  const float result = scratch[0];
+  const T result = scratch[0];
   __syncthreads();  // scratch is reused by the next reduction
   return result;
 }
@@ -59,6 +67,7 @@ template <RowOp OP>
 __global__ void __launch_bounds__(THREADS) quant_rows_kernel(const QuantParams p) {
   extern __shared__ __align__(16) uint4 row_buf[];  // [K/8] fp16 GEMM inputs of this row
   __shared__ float scratch[32];
+  int* scratch_int = reinterpret_cast<int*>(scratch);
   const int row = blockIdx.x, vecs = p.K / 8;
   const uint4* x = reinterpret_cast<const uint4*>(p.x + row * p.x_stride);
 
@@ -113,29 +122,37 @@ __global__ void __launch_bounds__(THREADS) quant_rows_kernel(const QuantParams p
   }
 
   uint2* codes = reinterpret_cast<uint2*>(p.qx + static_cast<int64_t>(row) * p.K);
+  int code_sum = 0;
   for (int v = threadIdx.x; v < vecs; v += THREADS) {
     float f[8];
     unpack_half8(row_buf[v], f);
     uint32_t word[2] = {0u, 0u};
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
-      const float q = fminf(fmaxf(rintf(__fdiv_rn(f[e], scale)), -127.0f), 127.0f);
-      word[e / 4] |= (static_cast<uint32_t>(static_cast<int>(q)) & 0xffu) << (8 * (e % 4));
+      const int q = static_cast<int>(fminf(fmaxf(rintf(__fdiv_rn(f[e], scale)), -127.0f), 127.0f));
+      code_sum += q;
+      word[e / 4] |= (static_cast<uint32_t>(q) & 0xffu) << (8 * (e % 4));
     }
     codes[v] = make_uint2(word[0], word[1]);
+  }
+  if (p.qsum != nullptr) {
+    code_sum = block_reduce<false>(code_sum, scratch_int);
+    if (threadIdx.x == 0) p.qsum[row] = code_sum;
   }
 }
 
 template <RowOp OP>
-static std::vector<at::Tensor> launch(QuantParams p, const at::Tensor& x, bool with_sum) {
+static std::vector<at::Tensor> launch(QuantParams p, const at::Tensor& x, RowSums sums) {
   const int64_t T = x.size(0), K = x.size(1);
   at::Tensor qx = at::empty({T, K}, x.options().dtype(at::kChar));
   at::Tensor scale = at::empty({T, 1}, x.options());
-  at::Tensor xsum = at::empty({with_sum ? T : 0}, x.options().dtype(at::kFloat));
+  at::Tensor row_sums = at::empty({sums == RowSums::None ? 0 : T},
+                                  x.options().dtype(sums == RowSums::Codes ? at::kInt : at::kFloat));
   p.K = static_cast<int>(K);
   p.qx = qx.data_ptr<int8_t>();
   p.scale = reinterpret_cast<half*>(scale.data_ptr<at::Half>());
-  p.xsum = with_sum ? xsum.data_ptr<float>() : nullptr;
+  p.xsum = sums == RowSums::Inputs ? row_sums.data_ptr<float>() : nullptr;
+  p.qsum = sums == RowSums::Codes ? row_sums.data_ptr<int>() : nullptr;
   if (T > 0 && K > 0) {
     const c10::cuda::CUDAGuard guard(x.device());
     const int smem = static_cast<int>(K * sizeof(half));
@@ -145,25 +162,25 @@ static std::vector<at::Tensor> launch(QuantParams p, const at::Tensor& x, bool w
     quant_rows_kernel<OP><<<T, THREADS, smem, c10::cuda::getCurrentCUDAStream()>>>(p);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
-  return {qx, scale, xsum};
+  return {qx, scale, row_sums};
 }
 
 std::vector<at::Tensor> quant_rows(RowOp op, const at::Tensor& x, const at::Tensor& other, double eps,
-                                   bool with_sum) {
+                                   RowSums sums) {
   QuantParams p{};
   p.x = reinterpret_cast<const half*>(x.data_ptr<at::Half>());
   p.x_stride = x.stride(0);
   switch (op) {
     case RowOp::Plain:
-      return launch<RowOp::Plain>(p, x, with_sum);
+      return launch<RowOp::Plain>(p, x, sums);
     case RowOp::RmsNorm:
       p.gamma = reinterpret_cast<const half*>(other.data_ptr<at::Half>());
       p.eps = static_cast<float>(eps);
-      return launch<RowOp::RmsNorm>(p, x, with_sum);
+      return launch<RowOp::RmsNorm>(p, x, sums);
     case RowOp::SiluMul:
       p.up = reinterpret_cast<const half*>(other.data_ptr<at::Half>());
       p.up_stride = other.stride(0);
-      return launch<RowOp::SiluMul>(p, x, with_sum);
+      return launch<RowOp::SiluMul>(p, x, sums);
   }
   return {};
 }

@@ -1,6 +1,7 @@
 // Host entry point of the fused activation-quantization kernels (quant_act.cu). The arguments are
-// checked in gemm_bindings.cpp. Returns {qx int8 [T, K], s_x fp16 [T, 1], xsum fp32 [T] (empty
-// unless with_sum)}.
+// checked in gemm_bindings.cpp. Returns {qx int8 [T, K], s_x fp16 [T, 1], sums [T]}: per `sums`,
+// the fp32 sums of the fp16 GEMM inputs (what per-channel GEMMs subtract, §3.2), the int32 sums of
+// the codes (what the per-group wgmma GEMMs subtract for their biased u8 weights), or empty.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -13,7 +14,8 @@ namespace qoq_quant {
 // Plain: x; RmsNorm: §3.5 RMSNorm with weight `other` [K]; SiluMul: fp16(fp16(silu(x)) * other)
 // with `other` the up rows [T, K]. Then §3.3 per-token symmetric INT8.
 enum class RowOp { Plain, RmsNorm, SiluMul };
+enum class RowSums { None = 0, Inputs = 1, Codes = 2 };
 
-std::vector<at::Tensor> quant_rows(RowOp op, const at::Tensor& x, const at::Tensor& other, double eps, bool with_sum);
+std::vector<at::Tensor> quant_rows(RowOp op, const at::Tensor& x, const at::Tensor& other, double eps, RowSums sums);
 
 }  // namespace qoq_quant
