@@ -2,7 +2,7 @@
 
 GEMM: from the packed artifact tensors of DESIGN §4, exact integer accumulation, fp32 epilogue.
 Fused quantizers: the fp16 GEMM input (x, RMSNorm(x) or silu(gate)*up) quantized per token (§3.3),
-plus the per-token sum of that fp16 input when asked.
+plus, when asked, the per-token sums of that fp16 input ("inputs") or of the codes ("codes").
 """
 
 from __future__ import annotations
