@@ -24,6 +24,7 @@ SOURCES = ("gemm_w4a8.cu", "quant_act.cu", "gemm_bindings.cpp")
 VARIANTS = {"gemv": 1, "gemv16": 6, "tiled64": 2, "tiled128": 3, "tiled128w": 4, "tiled64w": 5,
             "wg128x64": 7, "wg128x128": 8, "wg64x64": 9}
 GEMV_MAX_M = 64
+WGMMA_IDS = {i for v, i in VARIANTS.items() if v.startswith("wg")}
 
 
 def extension():
@@ -97,7 +98,7 @@ def _variant_id(variant: str, qx: torch.Tensor, n: int, group: int) -> int:
 def _code_sums(qx: torch.Tensor, qsum: torch.Tensor | None, variant_id: int, group: int) -> torch.Tensor | None:
     """The int32 [M] code sums a per-group wgmma GEMM needs: `qsum` as given, or summed here (one more
     kernel) when the caller has none; None where the kernel does not read them."""
-    if group == -1 or variant_id < VARIANTS["wg128x64"]:
+    if group == -1 or variant_id not in WGMMA_IDS:
         return None
     if qsum is None:
         return qx.sum(dim=1, dtype=torch.int32)

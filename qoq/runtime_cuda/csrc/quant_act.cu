@@ -1,7 +1,7 @@
 // Fused per-token activation quantization (DESIGN §3.3, §3.5, §5): one block per token row.
 // Pass 1 computes the fp16 GEMM input y (x, RMSNorm(x) or silu(gate)*up) into shared memory and
-// its |max| and sum; pass 2 writes the int8 codes and sums them. Divisions are IEEE (__fdiv_rn) even under
-// --use_fast_math so codes match the torch reference exactly.
+// its |max| and sum; pass 2 writes the int8 codes and sums them. Divisions are IEEE (__fdiv_rn)
+// even under --use_fast_math so codes match the torch reference exactly.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
