@@ -16,17 +16,17 @@ namespace qoq_gemm {
 
 constexpr int SCALE_SPAN = 64;  // staged kernels keep one s2/-z row per 64 k (every group size is a multiple)
 
-__device__ __forceinline__ void mma_s8_16832(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// B as u8 (the biased per-group fragments W8 + 128, or per-channel codes 0..15).
-__device__ __forceinline__ void mma_s8u8_16832(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+// d += A (s8) x B (s8, or u8 when B_UNSIGNED: the biased per-group fragments W8 + 128, or per-channel
+// codes 0..15), s32.
+template <bool B_UNSIGNED>
+__device__ __forceinline__ void mma_16832(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#define QOQ_MMA_16832(BTYPE)                                                                                  \
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.s8." BTYPE ".s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n" \
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])                                                       \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1))
+  if constexpr (B_UNSIGNED) QOQ_MMA_16832("u8");
+  else QOQ_MMA_16832("s8");
+#undef QOQ_MMA_16832
 }
 
 // Level-1 scales of the four n8 blocks this lane feeds (rows c, c+8, c+16, c+24): one 32-bit word
@@ -87,7 +87,7 @@ __device__ __forceinline__ int group_row(int k, int group) {
 }
 
 // 16 packed bytes of one lane -> B fragments b[j][d] of the n8 blocks j: the codes, or per group
-// scales.apply of them (GroupScales: the int8 W8; BiasedScales<4>: W8 + 128 for mma_s8u8_16832).
+// scales.apply of them (GroupScales: the int8 W8; BiasedScales<4>: W8 + 128 for mma_16832<true>).
 template <bool GROUPED, class Scales>
 __device__ __forceinline__ void dequant_tile(const uint4& packed, const Scales& scales, uint32_t (&b)[4][2]) {
   const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};

@@ -139,8 +139,8 @@ __device__ __forceinline__ void gemv_compute_run(const GemmParams& p, const Gemv
         a[2] = load_act_word(p, row, k + 16), a[3] = load_act_word(p, row + 8, k + 16);
       }
 #pragma unroll
-      for (int j = 0; j < 4; ++j) mma_s8u8_16832(acc[mt][j], a, b[j][0], b[j][1]);
-      if constexpr (GROUP > 0) mma_s8u8_16832(offset[mt], a, 0x80808080u, 0x80808080u);  // 128 * sum(x)
+      for (int j = 0; j < 4; ++j) mma_16832<true>(acc[mt][j], a, b[j][0], b[j][1]);
+      if constexpr (GROUP > 0) mma_16832<true>(offset[mt], a, 0x80808080u, 0x80808080u);  // 128 * sum(x)
     }
   }
 }

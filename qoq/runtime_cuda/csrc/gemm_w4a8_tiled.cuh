@@ -105,7 +105,7 @@ __global__ void __launch_bounds__(WARPS_M * 128, 2) gemm_tiled_kernel(const Gemm
         const int row = warp_m * WM + mt * 16 + (lane & 15);
         ldmatrix_x4(a, stage + row * A_ROW_BYTES + kk * 32 + (lane >> 4) * 16);
 #pragma unroll
-        for (int j = 0; j < 4; ++j) mma_s8_16832(acc[mt][j], a, b[j][0], b[j][1]);
+        for (int j = 0; j < 4; ++j) mma_16832<false>(acc[mt][j], a, b[j][0], b[j][1]);
       }
     }
   }
