@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "attention_decode_kv4.cu"
+#include "bulk_copy.cuh"
 
 #define CK(x)                                                                        \
   do {                                                                               \
@@ -46,22 +47,6 @@ struct Shape {
 constexpr int kChunk = 2048;  // code bytes of one 32-token chunk, K or V
 constexpr int kStages = 3;
 
-__device__ __forceinline__ void mbar_init(uint32_t bar) { asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar)); }
-__device__ __forceinline__ void mbar_expect(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar)
-               : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n .reg .pred p;\n WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n @!p bra WAIT_%=;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
-
 // One CTA per (sequence, head) as in the decode kernel; warp w takes chunks w, w + 4, ... Consumes one
 // word per lane and chunk, so nothing is optimized away.
 template <bool kBulk, bool kScales>
@@ -77,8 +62,7 @@ __global__ void __launch_bounds__(128) stream_kernel(Shape sh, const uint8_t* k_
   const uint32_t ring_s = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
   const uint32_t bar0 = static_cast<uint32_t>(__cvta_generic_to_shared(&bars[warp][0]));
   if (kBulk && lane == 0)
-    for (int i = 0; i < kStages; ++i) mbar_init(bar0 + 8 * i);
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    for (int i = 0; i < kStages; ++i) mbarrier_init(bar0 + 8 * i);
   __syncwarp();
   auto issue = [&](int c, int s) {  // the warp's chunk c into slot s
     if (c >= chunks_per_warp) {
@@ -93,7 +77,7 @@ __global__ void __launch_bounds__(128) stream_kernel(Shape sh, const uint8_t* k_
     if (kBulk) {
       if (lane == 0) {
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the slot was read by the generic proxy
-        mbar_expect(bar0 + 8 * s, kSlot);
+        mbarrier_expect_tx(bar0 + 8 * s, kSlot);
         bulk_copy(dst, k_pool + code_off, kChunk, bar0 + 8 * s);
         bulk_copy(dst + kChunk, v_pool + code_off, kChunk, bar0 + 8 * s);
         if (kScales)
@@ -119,7 +103,7 @@ __global__ void __launch_bounds__(128) stream_kernel(Shape sh, const uint8_t* k_
   unsigned acc = 0;
   for (int c = 0; c < chunks_per_warp; ++c) {
     const int s = c % kStages;
-    if (kBulk) mbar_wait(bar0 + 8 * s, (c / kStages) & 1);
+    if (kBulk) mbarrier_wait(bar0 + 8 * s, (c / kStages) & 1);
     else qoq_attn::cp_async_wait<kStages - 2>();
     __syncwarp();
     issue(c + kStages - 1, (c + kStages - 1) % kStages);

@@ -4,6 +4,7 @@
 // so did a persistent kernel feeding a ring with bulk async copies (TMA): 2.3 TB/s streaming alone.
 #pragma once
 
+#include "bulk_copy.cuh"
 #include "gemm_w4a8.cuh"
 
 namespace qoq_gemm {
@@ -31,54 +32,6 @@ __host__ __device__ constexpr int gemv_smem_bytes(int mt, int warps, int m, int 
   const int act = mt == 1 ? m * (k + 16) : 0, partial = warps * mt * 16 * 32 * 4;
   return GEMV_HEADER + (act > partial ? act : partial);
 }
-
-#if __CUDA_ARCH__ >= 900
-__device__ __forceinline__ uint32_t cluster_rank() {
-  uint32_t r;
-  asm("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-}
-
-__device__ __forceinline__ uint32_t cluster_size() {
-  uint32_t n;
-  asm("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(n));
-  return n;
-}
-
-// Every thread of every block of the cluster; orders the mbarrier inits before the multicasts.
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-
-// One thread per block: the mbarrier at `bar` completes phase 0 once `bytes` have landed.
-__device__ __forceinline__ void mbarrier_expect(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar));
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
-               : "memory");
-}
-
-// One activation row into the same shared-memory offset of every block in `mask` (one: no multicast).
-__device__ __forceinline__ void bulk_copy_row(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar,
-                                              uint16_t mask) {
-  if (mask == 1) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
-                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
-  } else {
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, [%3], %4;\n"
-        ::"r"(dst), "l"(src), "r"(bytes), "r"(bar), "h"(mask) : "memory");
-  }
-}
-
-__device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  while (!done) {
-    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                 : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-  }
-}
-#endif
 
 __device__ __forceinline__ uint32_t load_act_word(const GemmParams& p, int row, int k) {
   return row < p.M ? __ldg(reinterpret_cast<const uint32_t*>(p.qx + static_cast<size_t>(row) * p.K + k)) : 0u;
@@ -165,12 +118,15 @@ __global__ void __launch_bounds__(WARPS * 32, MT == 1 ? 16 / WARPS : 1) gemm_gem
     const int row_bytes = p.K + 16;  // +16: ldmatrix's 8 row addresses fall in distinct banks
 #if __CUDA_ARCH__ >= 900
     const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(smem + 16));
-    if (threadIdx.x == 0) mbarrier_expect(bar, static_cast<uint32_t>(p.M * p.K));
+    if (threadIdx.x == 0) {
+      mbarrier_init(bar);
+      mbarrier_expect_tx(bar, static_cast<uint32_t>(p.M * p.K));
+    }
     const uint32_t rank = cluster_rank(), blocks = cluster_size();
     cluster_sync();  // every block's mbarrier is set up before any row is multicast to it
     for (int row = rank + blocks * threadIdx.x; row < p.M; row += blocks * WARPS * 32)
-      bulk_copy_row(static_cast<uint32_t>(__cvta_generic_to_shared(act + row * row_bytes)),
-                    p.qx + static_cast<size_t>(row) * p.K, p.K, bar, static_cast<uint16_t>((1u << blocks) - 1));
+      bulk_copy(static_cast<uint32_t>(__cvta_generic_to_shared(act + row * row_bytes)),
+                p.qx + static_cast<size_t>(row) * p.K, p.K, bar, static_cast<uint16_t>((1u << blocks) - 1));
 #else
     const int row_pieces = p.K / 16;
     for (int i = threadIdx.x; i < p.M * row_pieces; i += WARPS * 32) {
