@@ -134,7 +134,8 @@ Problem check_rows(const at::Tensor& t, const char* name) {
 
 // {qx, s_x, sums} of quant_rows, or the problem's text.
 py::object run_quant(qoq_quant::RowOp op, const at::Tensor& x, const at::Tensor& other, double eps, int64_t sums) {
-  if (sums < 0 || sums > 2) return py::str(text("unknown row sums ", sums, " (0: none, 1: inputs, 2: codes)"));
+  if (sums < 0 || sums > static_cast<int64_t>(qoq_quant::RowSums::Codes))
+    return py::str(text("unknown row sums ", sums, " (0: none, 1: inputs, 2: codes)"));
   Problem problem = check_rows(x, op == qoq_quant::RowOp::SiluMul ? "gate" : "x");
   if (problem.empty() && op == qoq_quant::RowOp::SiluMul) {
     problem = check_rows(other, "up");

@@ -183,8 +183,10 @@ struct StageLoader {
 #if QOQ_HAS_WGMMA
 // K-step i: refill the buffer of step i-1, dequantize all of this warp's fragments, issue its
 // wgmmas and wait for them. (Dequantizing the next k32 step while this one's wgmmas ran, waiting for
-// all but the latest group, was up to 13% faster and computed wrong sums for a 256x128 two-warpgroup
-// tile at N=96, K=288 on the H200, so the fragments are built first and each step drains.)
+// all but the latest group, once computed wrong sums, most likely because that refill overwrote the
+// stage the last wgmmas of step i-1 still read. Refilling step i-2's stage instead was correct but
+// measured 3-14% slower for 64x64 tiles and at most 6% faster for 128x128 on the H200, so each step
+// drains.)
 template <int ROWS, int BT, int STAGES, bool GROUPED, int H, int ACC>
 __device__ __forceinline__ void wgmma_step(const GemmParams& p, const StageLoader<ROWS, BT, GROUPED>& loader,
                                            uint8_t* smem, int i, int steps, int kt0, int n_base, int (&acc)[H][ACC]) {
