@@ -165,7 +165,7 @@ def bench_decode(model, batch, length) -> dict:
     row["kv4_ms_by_stages"] = {  # str keys, as they come back from the JSON
         str(st): graph_ms([lambda s=s: attention.decode_attention(s[0], s[1], s[2], s[3], seq_lens, length, num_stages=st)
                       for s in sets])
-        for st in ((2, 3) if dim == 128 else (2,))
+        for st in attention.supported_stages(dim)
     }
     del sets
     fp16_bytes = 2 * batch * hkv * length * dim * 2

@@ -45,13 +45,18 @@ def split_plan(batch: int, num_kv_heads: int, max_seq_len: int, num_sms: int, nu
     return math.ceil(max_pages / pages_per_split), pages_per_split
 
 
+def supported_stages(head_dim: int) -> tuple[int, ...]:
+    """Ring slots per warp the decode kernel is built with: 3 fit shared memory only at head_dim 128."""
+    return (2, 3) if head_dim == 128 else (2,)
+
+
 def plan_stages(batch: int, num_kv_heads: int, num_splits: int, head_dim: int, num_sms: int) -> int:
     """Ring slots per warp of the decode kernel: three (head_dim 128 only; D = 64 chunks are twice the
     bytes) keep more copies in flight, which pays once the grid is two or more waves of CTAs; in a
     single wave two start faster, the first burst of copies being smaller (measured on H200:
     kv4_ms_by_stages in bench/results/attention_h200.json)."""
     waves = batch * num_kv_heads * num_splits / (CTAS_PER_SM * num_sms)
-    return 3 if head_dim == 128 and waves >= 2 else 2
+    return 3 if 3 in supported_stages(head_dim) and waves >= 2 else 2
 
 
 def _counter_buffer(device: torch.device, n: int) -> torch.Tensor:
@@ -87,7 +92,7 @@ def decode_attention(
     splits, pages_per_split = split_plan(b, h_kv, max_seq_len, num_sms, num_splits)
     if num_stages is None:
         num_stages = plan_stages(b, h_kv, splits, d, num_sms)
-    elif num_stages not in ((2, 3) if d == 128 else (2,)):
+    elif num_stages not in supported_stages(d):
         raise ValueError(f"num_stages {num_stages} unsupported for head_dim {d} (2, or 3 at head_dim 128)")
     out = torch.empty_like(q)
     group = hq // h_kv
