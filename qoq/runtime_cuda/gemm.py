@@ -20,9 +20,11 @@ SOURCES = ("gemm_w4a8.cu", "quant_act.cu", "gemm_bindings.cpp")
 # weights dequantize to biased u8) and tiled MMA kernels with 64- or 128-row blocks; the "w" tiled
 # kernels use 4 warps with BM x 32 warp tiles, so each weight fragment is dequantized once per block;
 # the "wg" kernels (Hopper only) use wgmma with the weights as the register operand, named by block
-# tile (channels x tokens). Grids below one wave split K (int32 partial sums added atomically).
+# tile (channels x tokens), "k2" with two warpgroups splitting each block's K range (more loads and
+# wgmmas in flight where the grid leaves warp slots empty). Grids below one wave split K (int32
+# partial sums added atomically).
 VARIANTS = {"gemv": 1, "gemv16": 6, "tiled64": 2, "tiled128": 3, "tiled128w": 4, "tiled64w": 5,
-            "wg128x64": 7, "wg128x128": 8, "wg64x64": 9}
+            "wg128x64": 7, "wg128x128": 8, "wg64x64": 9, "wg64x64k2": 10, "wg128x64k2": 11}
 GEMV_MAX_M = 64
 WGMMA_IDS = {i for v, i in VARIANTS.items() if v.startswith("wg")}
 
@@ -59,12 +61,18 @@ def auto_variant(m: int, n: int, k: int, group: int, multiprocessors: int, hoppe
         return "gemv"
     if hopper:
         # Fewest waves (blocks / (blocks per SM x SMs), rounded up), each weighted by a wave's time
-        # relative to wg128x64's (fit to bench/gemm_h200.py's sweep on the H200, K = 4096; per-channel
-        # weights dequantize faster, so the larger tiles' waves weigh more there). Only tiles that fill
-        # the chip unsplit: their split-K atomics cost more than the tiled kernels'.
+        # relative to wg128x64's (fit to bench/gemm_h200.py's sweeps on the H200; per-channel weights
+        # dequantize faster, so the larger tiles' waves weigh more there). The k2 blocks hold two
+        # warpgroups, so two fit an SM where one-warpgroup blocks fit 3-4: they pay where a grid would
+        # leave warp slots empty (M = 256 at N = 4096: 256 blocks of 64x64). Only tiles that fill the
+        # chip unsplit: their split-K atomics cost more than the tiled kernels'. wg64x64 counts 3 blocks
+        # per SM although 4 fit: a grid that fills the fourth slots (M = 512 at N = 4096) ran 14% slower
+        # than one wave of wg128x64k2.
         per_channel = group == -1
         waves = {"wg128x128": (128, 128, 2, 1.25 if per_channel else 1.13), "wg128x64": (128, 64, 3, 1.0),
-                 "wg64x64": (64, 64, 4, 0.76 if per_channel else 0.86)}
+                 "wg64x64": (64, 64, 3, 0.76 if per_channel else 0.86),
+                 "wg128x64k2": (128, 64, 2, 0.93 if per_channel else 0.96),
+                 "wg64x64k2": (64, 64, 2, 0.69 if per_channel else 0.75)}
         options = []
         for variant, (rows, tokens, per_sm, cost) in waves.items():
             blocks = -(-m // tokens) * -(-n // rows)

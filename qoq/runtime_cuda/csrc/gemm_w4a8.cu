@@ -64,14 +64,14 @@ static void launch_tiled(const GemmParams& p, const at::Tensor& like, cudaStream
                (p.K + TILED_BK - 1) / TILED_BK, like, stream);
 }
 
-template <int ROWS, int BT, int STAGES, bool GROUPED>
+template <int ROWS, int BT, int STAGES, bool GROUPED, int KW = 1>
 static void launch_wgmma(const GemmParams& p, const at::Tensor& like, cudaStream_t stream) {
-  constexpr int smem = WgmmaSmem<ROWS, BT, STAGES>::TOTAL;
+  constexpr int smem = WgmmaSmem<ROWS, BT, STAGES, KW>::TOTAL;
   static bool configured = false;
-  allow_smem(gemm_wgmma_kernel<ROWS, BT, STAGES, GROUPED>, smem, configured);
+  allow_smem(gemm_wgmma_kernel<ROWS, BT, STAGES, GROUPED, KW>, smem, configured);
   const dim3 tiles((p.M + BT - 1) / BT, (p.N + ROWS - 1) / ROWS);
-  launch_split(gemm_wgmma_kernel<ROWS, BT, STAGES, GROUPED>, p, tiles, WG_THREADS, smem, (p.K + WG_BK - 1) / WG_BK,
-               like, stream);
+  launch_split(gemm_wgmma_kernel<ROWS, BT, STAGES, GROUPED, KW>, p, tiles, KW * WG_THREADS, smem,
+               (p.K + WG_BK - 1) / WG_BK, like, stream);
 }
 
 static int smem_optin() {
@@ -151,6 +151,10 @@ static void dispatch(const GemmParams& p, Variant variant, const at::Tensor& lik
       return launch_wgmma<128, 128, 4, GROUPED>(p, like, stream);
     case WG64X64:
       return launch_wgmma<64, 64, 4, GROUPED>(p, like, stream);
+    case WG64X64_K2:
+      return launch_wgmma<64, 64, 4, GROUPED, 2>(p, like, stream);
+    case WG128X64_K2:
+      return launch_wgmma<128, 64, 3, GROUPED, 2>(p, like, stream);
   }
 }
 

@@ -12,9 +12,11 @@ namespace qoq_gemm {
 
 enum Variant {
   GEMV = 1, TILED64 = 2, TILED128 = 3, TILED128_WIDE = 4, TILED64_WIDE = 5, GEMV16 = 6,
-  WG128X64 = 7, WG128X128 = 8, WG64X64 = 9,  // Hopper wgmma kernels, named by block: channels x tokens
+  // Hopper wgmma kernels (every id from 7 on), named by block: channels x tokens; K2: two warpgroups
+  // split the block's K range
+  WG128X64 = 7, WG128X128 = 8, WG64X64 = 9, WG64X64_K2 = 10, WG128X64_K2 = 11,
 };
-constexpr int LAST_VARIANT = WG64X64;
+constexpr int LAST_VARIANT = WG128X64_K2;
 constexpr int GEMV_MAX_M = 64;
 constexpr int GROUP_MULTIPLE = 64;  // the tiled kernels read one s2/-z row per 64 k
 

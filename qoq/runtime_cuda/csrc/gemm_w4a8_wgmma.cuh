@@ -5,8 +5,11 @@
 // from the low nibbles and rows 16-31 from the high ones), the int8 activations are B (tokens as
 // wgmma's N, K-major in 128-byte swizzled shared memory, staged by cp.async). A block is one
 // warpgroup: ROWS = 128 channels (warp w: tile w, both nibble halves, two m64 wgmmas per k32) or
-// 64 (warp w: one nibble half of tile w/2, one wgmma), times BT tokens. The artifact is read as it
-// is: no repacking.
+// 64 (warp w: one nibble half of tile w/2, one wgmma), times BT tokens. With KW > 1 warpgroups a
+// block splits its K range among them (k-steps wg, wg + KW, ...; each has its own ring of stages)
+// and adds their sums in the epilogue: a grid too small to fill the SMs' warp slots then still keeps
+// KW times the wgmmas and loads in flight, without the atomics of a split across blocks. The
+// artifact is read as it is: no repacking.
 #pragma once
 
 #include "gemm_w4a8.cuh"
@@ -23,13 +26,14 @@ namespace qoq_gemm {
 constexpr int WG_BK = 128;       // k per stage: one 128-byte swizzle row of activations per token
 constexpr int WG_THREADS = 128;  // one warpgroup
 
-template <int ROWS, int BT, int STAGES>
+template <int ROWS, int BT, int STAGES, int KW = 1>
 struct WgmmaSmem {
   static constexpr int ACT = BT * WG_BK;                        // [BT tokens][128 k], swizzled
   static constexpr int W = ROWS * WG_BK / 2;                    // ROWS/32 n-tiles x 4 k-tiles x 512 B
   static constexpr int SCALES = WG_BK / SCALE_SPAN * 2 * ROWS;  // per 64 k: s2 row, -z row
   static constexpr int STAGE = (ACT + W + SCALES + 1023) / 1024 * 1024;  // swizzle atoms need 1 KB
-  static constexpr int TOTAL = STAGES * STAGE + 1024;            // + slack to align the base
+  static constexpr int RING = STAGES * STAGE;                    // one warpgroup's stages
+  static constexpr int TOTAL = KW * RING + 1024;                 // + slack to align the base
 };
 
 #if QOQ_HAS_WGMMA
@@ -126,7 +130,7 @@ __device__ __forceinline__ void dequant_fragments(const uint4& packed, const Bia
 // activation chunks of token rows 16 apart at one 16-byte column (chunk c of row r lands at chunk
 // c ^ (r % 8), the 128-byte swizzle), the block's n-tiles at one k-tile and lane, and for the first
 // threads one 16-byte chunk of an s2 / -z table row.
-template <int ROWS, int BT, bool GROUPED>
+template <int ROWS, int BT, bool GROUPED, int KW>
 struct StageLoader {
   using S = WgmmaSmem<ROWS, BT, 1>;
   static constexpr int K_TILES = WG_BK / 32, ROW_STEP = WG_THREADS / 8, ACT_CHUNKS = BT / ROW_STEP;
@@ -141,8 +145,11 @@ struct StageLoader {
   int act_k, w_k_tile;
   uint32_t act_dst, w_dst;
 
+  // tid: the thread's index in its warpgroup, spelled out in each function as it is (a shared helper
+  // or a signed/unsigned change here altered ptxas's schedule of the main loop and made wg128x128 per
+  // group 10% slower at K = 11008 and wg64x64k2 4% slower on the H200, same-call A/B)
   __device__ __forceinline__ StageLoader(const GemmParams& p, int m_base, int n_base) {
-    const int tid = threadIdx.x, r0 = tid >> 3, k_tiles = p.K / 32;
+    const int tid = KW == 1 ? threadIdx.x : threadIdx.x % WG_THREADS, r0 = tid >> 3, k_tiles = p.K / 32;
     act_k = (tid & 7) * 16;
     w_k_tile = (tid >> 5) % K_TILES;
     act_rows_left = p.M - m_base - r0;
@@ -156,6 +163,7 @@ struct StageLoader {
   }
 
   __device__ __forceinline__ void load(const GemmParams& p, uint8_t* stage, int kt, int n_base) const {
+    const int tid = KW == 1 ? threadIdx.x : threadIdx.x % WG_THREADS;
     const bool act_k_ok = kt * WG_BK + act_k < p.K, w_k_ok = kt * K_TILES + w_k_tile < p.K / 32;
 #pragma unroll
     for (int j = 0; j < ACT_CHUNKS; ++j) {  // tokens past M and a K tail read zeros
@@ -168,7 +176,6 @@ struct StageLoader {
       cp_async16(stage + w_dst + j * K_TILES * 512,
                  valid ? w + j * w_stride + static_cast<size_t>(kt) * K_TILES * 512 : p.qweight, valid);
     }
-    const int tid = threadIdx.x;
     if (GROUPED && tid < TABLE_THREADS) {
       const int span = tid / (2 * TABLE_CHUNKS), table_id = (tid / TABLE_CHUNKS) % 2;
       const int8_t* table = table_id == 0 ? p.s2 : p.s2_zeros;
@@ -181,27 +188,39 @@ struct StageLoader {
 };
 
 #if QOQ_HAS_WGMMA
-// K-step i: refill the buffer of step i-1, dequantize all of this warp's fragments, issue its
-// wgmmas and wait for them. (Dequantizing the next k32 step while this one's wgmmas ran, waiting for
-// all but the latest group, once computed wrong sums, most likely because that refill overwrote the
-// stage the last wgmmas of step i-1 still read. Refilling step i-2's stage instead was correct but
-// measured 3-14% slower for 64x64 tiles and at most 6% faster for 128x128 on the H200, so each step
-// drains.)
-template <int ROWS, int BT, int STAGES, bool GROUPED, int H, int ACC>
-__device__ __forceinline__ void wgmma_step(const GemmParams& p, const StageLoader<ROWS, BT, GROUPED>& loader,
-                                           uint8_t* smem, int i, int steps, int kt0, int n_base, int (&acc)[H][ACC]) {
+// Waits for every thread of warpgroup wg: barrier 1 + wg (0 is __syncthreads, which a block of one
+// warpgroup uses). Immediate ids: a register id makes ptxas reserve all 16 barriers.
+template <int KW>
+__device__ __forceinline__ void warpgroup_sync(int wg) {
+  static_assert(KW <= 2, "barrier ids for two warpgroups");
+  if constexpr (KW == 1) __syncthreads();
+  else if (wg == 0) asm volatile("bar.sync 1, %0;\n" ::"n"(WG_THREADS) : "memory");
+  else asm volatile("bar.sync 2, %0;\n" ::"n"(WG_THREADS) : "memory");
+}
+
+// The warpgroup's k-step i (block k-step kt_first + i * KW) in its ring: refill the buffer of step
+// i-1, dequantize all of this warp's fragments, issue its wgmmas and wait for them. (Dequantizing the
+// next k32 step while this one's wgmmas ran, waiting for all but the latest group, once computed wrong
+// sums, most likely because that refill overwrote the stage the last wgmmas of step i-1 still read.
+// Refilling step i-2's stage instead was correct but measured 3-14% slower for 64x64 tiles and at
+// most 6% faster for 128x128 on the H200, so each step drains.)
+template <int ROWS, int BT, int STAGES, bool GROUPED, int KW, int H, int ACC>
+__device__ __forceinline__ void wgmma_step(const GemmParams& p, const StageLoader<ROWS, BT, GROUPED, KW>& loader,
+                                           uint8_t* ring, int i, int steps, int kt_first, int n_base,
+                                           int (&acc)[H][ACC]) {
   using S = WgmmaSmem<ROWS, BT, STAGES>;
   constexpr int K_TILES = WG_BK / 32;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31, warp = KW == 1 ? threadIdx.x >> 5 : (threadIdx.x >> 5) % 4;
+  const int wg = KW == 1 ? 0 : threadIdx.x / WG_THREADS;
   const int tile = H == 2 ? warp : warp >> 1, half = warp & 1;  // half: only for H = 1
   cp_async_wait<STAGES - 2>();
   fence_proxy_async();
-  __syncthreads();  // stage i landed for all; every wgmma of step i-1 is done
+  warpgroup_sync<KW>(wg);  // stage i landed for all; every wgmma of step i-1 is done
   const int next = i + STAGES - 1;
-  if (next < steps) loader.load(p, smem + (next % STAGES) * S::STAGE, kt0 + next, n_base);
+  if (next < steps) loader.load(p, ring + (next % STAGES) * S::STAGE, kt_first + next * KW, n_base);
   cp_async_commit();
 
-  const uint8_t* stage = smem + (i % STAGES) * S::STAGE;
+  const uint8_t* stage = ring + (i % STAGES) * S::STAGE;
   BiasedScales<2 * H> bs[WG_BK / SCALE_SPAN] = {};
   if constexpr (GROUPED) {
 #pragma unroll
@@ -229,39 +248,48 @@ __device__ __forceinline__ void wgmma_step(const GemmParams& p, const StageLoade
 }
 #endif  // QOQ_HAS_WGMMA
 
-// Block: ROWS channels x BT tokens, one warpgroup.
-template <int ROWS, int BT, int STAGES, bool GROUPED>
-__global__ void __launch_bounds__(WG_THREADS) gemm_wgmma_kernel(const GemmParams p) {
+// Block: ROWS channels x BT tokens, KW warpgroups sharing its K range (two such blocks per SM: at most
+// 128 registers a thread).
+template <int ROWS, int BT, int STAGES, bool GROUPED, int KW>
+__global__ void __launch_bounds__(KW * WG_THREADS, KW == 1 ? 0 : 2) gemm_wgmma_kernel(const GemmParams p) {
 #if QOQ_HAS_WGMMA
+  using S = WgmmaSmem<ROWS, BT, STAGES, KW>;
   constexpr int H = ROWS / 64, ACC = BT / 2;
   extern __shared__ uint8_t smem_raw[];
   // Offset (not an integer-to-pointer cast): the compiler then still knows these are shared loads.
   uint8_t* smem = smem_raw + ((1024 - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023)) & 1023);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31, warp = KW == 1 ? threadIdx.x >> 5 : (threadIdx.x >> 5) % 4;
+  const int wg = KW == 1 ? 0 : threadIdx.x / WG_THREADS;
   const int m_base = blockIdx.x * BT, n_base = blockIdx.y * ROWS;
   const int kt0 = blockIdx.z * p.split_steps;
   const int steps = min(p.split_steps, (p.K + WG_BK - 1) / WG_BK - kt0);  // >= 1 (K > 0)
+  const int my_steps = (steps - wg + KW - 1) / KW;  // this warpgroup's: k-steps wg, wg + KW, ... (maybe none)
+  uint8_t* ring = smem + wg * S::RING;
 
   int acc[H][ACC];  // the first wgmma overwrites them (accumulate = 0): no other instruction writes them
 
   // Stages are loaded STAGES - 1 steps ahead.
-  const StageLoader<ROWS, BT, GROUPED> loader(p, m_base, n_base);
+  const StageLoader<ROWS, BT, GROUPED, KW> loader(p, m_base, n_base);
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < steps) loader.load(p, smem + s * WgmmaSmem<ROWS, BT, STAGES>::STAGE, kt0 + s, n_base);
+    if (s < my_steps) loader.load(p, ring + s * S::STAGE, kt0 + wg + s * KW, n_base);
     cp_async_commit();
   }
-  for (int i = 0; i < steps; ++i) wgmma_step<ROWS, BT, STAGES, GROUPED, H>(p, loader, smem, i, steps, kt0, n_base, acc);
+  for (int i = 0; i < my_steps; ++i)
+    wgmma_step<ROWS, BT, STAGES, GROUPED, KW, H>(p, loader, ring, i, my_steps, kt0 + wg, n_base, acc);
 #pragma unroll
   for (int hh = 0; hh < H; ++hh) fence_operands(acc[hh]);  // no read of them moves above the last wait
 
-  // The block's accumulators go through shared memory ([BT tokens][ROWS channels] int32, rows padded
-  // by 4 words: conflict-free), so that each thread then writes 8 consecutive channels of a token.
+  // Each warpgroup's accumulators go through shared memory ([BT tokens][ROWS channels] int32, rows
+  // padded by 4 words: conflict-free; one such tile per warpgroup), so that each thread then writes 8
+  // consecutive channels of a token, the warpgroups' sums added.
   cp_async_wait<0>();
   __syncthreads();  // every warp is done with the stages
   constexpr int ROW = ROWS + 4;
-  static_assert(BT * ROW * 4 <= STAGES * WgmmaSmem<ROWS, BT, STAGES>::STAGE, "epilogue tile");
-  int* tile = reinterpret_cast<int*>(smem);
+  static_assert(BT * ROW * 4 <= S::RING, "epilogue tiles");
+  int* tiles = reinterpret_cast<int*>(smem);
+  int* tile = tiles + wg * BT * ROW;
+  const bool live = KW == 1 || my_steps > 0;  // a warpgroup without k-steps adds zeros
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int j = 0; j < BT / 8; ++j)
@@ -269,24 +297,31 @@ __global__ void __launch_bounds__(WG_THREADS) gemm_wgmma_kernel(const GemmParams
     for (int x = 0; x < 2; ++x) {  // acc[hh][4j + 2e + x]: token 8j + 2t + x
       const int token = 8 * j + 2 * t + x;
       // GROUPED: the fragments held W8 + 128, so 128 * (the token's sum of qx over K) comes off,
-      // once: by the first K split
-      const bool offset_here = GROUPED && blockIdx.z == 0 && m_base + token < p.M;
+      // once: by the first warpgroup of the first K split
+      const bool offset_here = GROUPED && blockIdx.z == 0 && wg == 0 && m_base + token < p.M;
       const int offset = offset_here ? 128 * p.qsum[m_base + token] : 0;
 #pragma unroll
       for (int hh = 0; hh < H; ++hh)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {  // channel 32*tile + 16*half + 8e + g
           const int channel = (H == 2 ? 32 * warp + 16 * hh : 16 * warp) + 8 * e + g;
-          tile[token * ROW + channel] = acc[hh][4 * j + 2 * e + x] - offset;
+          tile[token * ROW + channel] = (live ? acc[hh][4 * j + 2 * e + x] : 0) - offset;
         }
     }
   __syncthreads();
-  for (int item = threadIdx.x; item < BT * ROWS / 8; item += WG_THREADS) {
+  for (int item = threadIdx.x; item < BT * ROWS / 8; item += KW * WG_THREADS) {
     const int r = item / (ROWS / 8), c8 = (item % (ROWS / 8)) * 8;
     const int row = m_base + r, col = n_base + c8;
     if (row >= p.M || col >= p.N) continue;  // N is a multiple of 32: all 8 columns or none
-    const int4 lo = *reinterpret_cast<const int4*>(tile + r * ROW + c8);
-    const int4 hi = *reinterpret_cast<const int4*>(tile + r * ROW + c8 + 4);
+    int4 lo = *reinterpret_cast<const int4*>(tiles + r * ROW + c8);
+    int4 hi = *reinterpret_cast<const int4*>(tiles + r * ROW + c8 + 4);
+#pragma unroll
+    for (int w = 1; w < KW; ++w) {
+      const int4 lo_w = *reinterpret_cast<const int4*>(tiles + w * BT * ROW + r * ROW + c8);
+      const int4 hi_w = *reinterpret_cast<const int4*>(tiles + w * BT * ROW + r * ROW + c8 + 4);
+      lo = make_int4(lo.x + lo_w.x, lo.y + lo_w.y, lo.z + lo_w.z, lo.w + lo_w.w);
+      hi = make_int4(hi.x + hi_w.x, hi.y + hi_w.y, hi.z + hi_w.z, hi.w + hi_w.w);
+    }
     const int v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
     const size_t idx = static_cast<size_t>(row) * p.N + col;
     if (p.split_acc != nullptr) {  // integer sums are exact in any order
