@@ -91,15 +91,23 @@ def check_gemm(model: str, n: int, k: int, group: int) -> list[dict]:
     return rows
 
 
+def sum_error(xs: torch.Tensor, xs_ref: torch.Tensor, q_ref: torch.Tensor, s_ref: torch.Tensor) -> float:
+    """Largest per-token error of the input sums relative to the sum of the inputs' magnitudes (about
+    sum |q| * s): a single sum that cancels towards zero has no meaningful relative error (a 1-token,
+    K=14336 row once failed 1e-3 that way with codes, scale and code sums exact)."""
+    abs_sum = q_ref.float().abs().sum(dim=-1).reshape(-1) * s_ref.float().reshape(-1)  # [tokens]
+    return ((xs.double() - xs_ref.double()).abs().reshape(-1) / abs_sum.double()).max().item()
+
+
 def code_stats(result, ref, code_sums) -> dict:
     """result / ref: (qx, s_x, input sums); code_sums: (qx, s_x, code sums) of the kernel, exact to its codes."""
     (q, s, xs), (q_ref, s_ref, xs_ref) = result, ref
     diff = (q.int() - q_ref.int()).abs()
     stats = dict(max_code_diff=int(diff.max()), frac_code_diff=(diff > 0).float().mean().item(),
-                 scale_rel_err=rel_err(s, s_ref), sum_rel_err=rel_err(xs, xs_ref),
+                 scale_rel_err=rel_err(s, s_ref), sum_err_vs_abs_sum=sum_error(xs, xs_ref, q_ref, s_ref),
                  code_sums_exact=torch.equal(code_sums[2], code_sums[0].sum(dim=-1, dtype=torch.int32)))
     stats["ok"] = stats["max_code_diff"] <= 1 and stats["frac_code_diff"] <= 1e-3 and max(
-        stats["scale_rel_err"], stats["sum_rel_err"]) < 1e-3 and stats["code_sums_exact"]
+        stats["scale_rel_err"], stats["sum_err_vs_abs_sum"]) < 1e-3 and stats["code_sums_exact"]
     return stats
 
 

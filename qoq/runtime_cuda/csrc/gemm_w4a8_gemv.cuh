@@ -21,7 +21,10 @@ namespace qoq_gemm {
 // r + 2, ... from L2 and multicasts each to both blocks (an SM-to-SM copy inside the GPU, not NVLink
 // multicast). At M = 16 the rows are as many bytes as a block's weights, so each block staging its
 // own copy doubled the bytes through L2. Clusters of 4 measured slower than pairs.
-constexpr int GEMV_RUN = 8;  // consecutive k-tiles (4 KB of weights) a warp loads in one go
+// Consecutive k-tiles a warp loads in one go: 8 (4 KB of weights) with 8 warps a block, 4 with 16 (same
+// call on the H200, g128 down_proj M=16 gemv16 12.82 -> 12.18 us; with 8 warps, runs of 4 were slower
+// for o_proj and qkv per group, 5.43 -> 5.50 and 11.76 -> 12.28 us at M=1).
+__host__ __device__ constexpr int gemv_run(int warps) { return warps == 16 ? 4 : 8; }
 constexpr int GEMV_CLUSTER = 2;  // 32-column blocks sharing their activation rows (Hopper, MT = 1)
 constexpr int GEMV_CLUSTER_MIN_M = 4;  // fewer rows: the cluster's start-up costs more than it saves
 // shared memory header: 16 zero bytes, the activations' mbarrier (8), 8 spare; then [M][K + 16]
@@ -37,26 +40,26 @@ __device__ __forceinline__ uint32_t load_act_word(const GemmParams& p, int row, 
   return row < p.M ? __ldg(reinterpret_cast<const uint32_t*>(p.qx + static_cast<size_t>(row) * p.K + k)) : 0u;
 }
 
-// One warp's run of GEMV_RUN consecutive k-tiles: the packed weights and the scale words of
+// One warp's run of RUN consecutive k-tiles: the packed weights and the scale words of
 // the groups it spans (GROUP = 0: per channel, no scales).
-template <int GROUP>
+template <int GROUP, int RUN>
 struct GemvRun {
-  static constexpr int GROUPS = GROUP > 0 ? GEMV_RUN * 32 / GROUP : 1;
-  uint4 packed[GEMV_RUN];
+  static constexpr int GROUPS = GROUP > 0 ? RUN * 32 / GROUP : 1;
+  uint4 packed[RUN];
   uint32_t s2[GROUPS], zero[GROUPS];
 };
 
-template <int GROUP>
-__device__ __forceinline__ void gemv_load_run(const GemmParams& p, GemvRun<GROUP>& run, const uint8_t* tiles,
+template <int GROUP, int RUN>
+__device__ __forceinline__ void gemv_load_run(const GemmParams& p, GemvRun<GROUP, RUN>& run, const uint8_t* tiles,
                                               size_t scale_col, int first, int k_tiles) {
 #pragma unroll
-  for (int i = 0; i < GEMV_RUN; ++i) {
+  for (int i = 0; i < RUN; ++i) {
     const int k0 = first + i;
     run.packed[i] = k0 < k_tiles ? load_stream16(tiles + static_cast<size_t>(k0) * 512) : make_uint4(0, 0, 0, 0);
   }
   if constexpr (GROUP > 0) {
 #pragma unroll
-    for (int gi = 0; gi < GemvRun<GROUP>::GROUPS; ++gi) {
+    for (int gi = 0; gi < GemvRun<GROUP, RUN>::GROUPS; ++gi) {
       const int k = (first + gi * GROUP / 32) * 32;
       const size_t at = static_cast<size_t>(k / GROUP) * p.N + scale_col;
       run.s2[gi] = k < p.K ? __ldg(reinterpret_cast<const uint32_t*>(p.s2 + at)) : 0u;
@@ -65,14 +68,14 @@ __device__ __forceinline__ void gemv_load_run(const GemmParams& p, GemvRun<GROUP
   }
 }
 
-template <int MT, int GROUP>
-__device__ __forceinline__ void gemv_compute_run(const GemmParams& p, const GemvRun<GROUP>& run, int first,
+template <int MT, int GROUP, int RUN>
+__device__ __forceinline__ void gemv_compute_run(const GemmParams& p, const GemvRun<GROUP, RUN>& run, int first,
                                                  int k_tiles, uint32_t a_base, uint32_t a_step,
                                                  int (&acc)[MT][4][4], int (&offset)[MT][4]) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   BiasedScales<4> bs{};
 #pragma unroll
-  for (int i = 0; i < GEMV_RUN; ++i) {
+  for (int i = 0; i < RUN; ++i) {
     const int k0 = first + i;
     if (k0 >= k_tiles) break;
     if constexpr (GROUP > 0) {  // unpack each group's scales once, when its first tile comes
@@ -105,13 +108,13 @@ __global__ void __launch_bounds__(WARPS * 32, MT == 1 ? 16 / WARPS : 1) gemm_gem
   const int n0 = blockIdx.x, k_tiles = p.K / 32;
   const uint8_t* tiles = p.qweight + static_cast<size_t>(n0) * k_tiles * 512 + lane * 16;
   const size_t scale_col = static_cast<size_t>(n0) * 32 + 4 * (lane >> 2);
-  constexpr int STRIDE = WARPS * GEMV_RUN;
+  constexpr int RUN = gemv_run(WARPS), STRIDE = WARPS * RUN;
 
   // The first run's weight loads go out first; the activation rows land meanwhile.
   int acc[MT][4][4] = {}, offset[MT][4] = {};
-  GemvRun<GROUP> ping, pong;
-  int first = warp * GEMV_RUN;
-  gemv_load_run<GROUP>(p, ping, tiles, scale_col, first, k_tiles);
+  GemvRun<GROUP, RUN> ping, pong;
+  int first = warp * RUN;
+  gemv_load_run<GROUP, RUN>(p, ping, tiles, scale_col, first, k_tiles);
   uint32_t a_base = 0, a_step = 0;
   if constexpr (MT == 1) {
     uint8_t* act = smem + GEMV_HEADER;
@@ -151,10 +154,10 @@ __global__ void __launch_bounds__(WARPS * 32, MT == 1 ? 16 / WARPS : 1) gemm_gem
 
   // Ping-pong between two runs: the next run's loads are in flight while this one computes.
   for (; first < k_tiles; first += 2 * STRIDE) {
-    gemv_load_run<GROUP>(p, pong, tiles, scale_col, first + STRIDE, k_tiles);
-    gemv_compute_run<MT, GROUP>(p, ping, first, k_tiles, a_base, a_step, acc, offset);
-    gemv_load_run<GROUP>(p, ping, tiles, scale_col, first + 2 * STRIDE, k_tiles);
-    gemv_compute_run<MT, GROUP>(p, pong, first + STRIDE, k_tiles, a_base, a_step, acc, offset);
+    gemv_load_run<GROUP, RUN>(p, pong, tiles, scale_col, first + STRIDE, k_tiles);
+    gemv_compute_run<MT, GROUP, RUN>(p, ping, first, k_tiles, a_base, a_step, acc, offset);
+    gemv_load_run<GROUP, RUN>(p, ping, tiles, scale_col, first + 2 * STRIDE, k_tiles);
+    gemv_compute_run<MT, GROUP, RUN>(p, pong, first + STRIDE, k_tiles, a_base, a_step, acc, offset);
   }
 
   // Integer partial sums are exact in any order: reduce the warps' K slices through shared memory.
