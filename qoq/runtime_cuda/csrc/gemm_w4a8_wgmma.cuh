@@ -248,8 +248,8 @@ __device__ __forceinline__ void wgmma_step(const GemmParams& p, const StageLoade
 }
 #endif  // QOQ_HAS_WGMMA
 
-// Block: ROWS channels x BT tokens, KW warpgroups sharing its K range (two such blocks per SM: at most
-// 128 registers a thread).
+// Block: ROWS channels x BT tokens, KW warpgroups sharing its K range. KW = 2 asks for two blocks per
+// SM (at most 128 registers a thread); KW = 1 keeps the compiler's own register choice.
 template <int ROWS, int BT, int STAGES, bool GROUPED, int KW>
 __global__ void __launch_bounds__(KW * WG_THREADS, KW == 1 ? 0 : 2) gemm_wgmma_kernel(const GemmParams p) {
 #if QOQ_HAS_WGMMA
