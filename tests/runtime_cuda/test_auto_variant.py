@@ -1,0 +1,37 @@
+"""gemm.auto_variant against the committed H200 sweep (CPU: it only reads bench/results/gemm_h200.json).
+
+The heuristic was fit to that sweep; this keeps a change to it (or a new sweep) from silently picking
+kernels that measured slow on the machine the targets are stated for.
+"""
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+from qoq.runtime_cuda.gemm import VARIANTS, auto_variant
+
+SWEEP = Path(__file__).resolve().parents[2] / "bench" / "results" / "gemm_h200.json"
+
+
+def _timed_variants() -> tuple[dict, dict]:
+    """The sweep, and (group, N, K, M) -> {variant: µs} over every kernel variant it timed."""
+    result = json.loads(SWEEP.read_text())
+    times = defaultdict(dict)
+    for row in result["bench"]:
+        if row["method"].startswith("w4a8") and row.get("variant", "auto") != "auto" and "us" in row:
+            group = -1 if row["method"] == "w4a8_pc" else int(row["method"].removeprefix("w4a8_g"))
+            times[(group, row["n"], row["k"], row["m"])][row["variant"]] = row["us"]
+    return result, times
+
+
+def test_auto_variant_is_within_8_percent_of_the_fastest_timed_kernel():
+    result, times = _timed_variants()
+    assert len(times) == 2 * 4 * 8  # g128 and per channel x four Llama-2 shapes x eight M
+    slow = {}
+    for (group, n, k, m), by_variant in times.items():
+        pick = auto_variant(m, n, k, group, result["multiprocessors"], result["hopper"])
+        assert pick in VARIANTS and pick in by_variant, (group, n, k, m, pick)
+        ratio = by_variant[pick] / min(by_variant.values())
+        if ratio > 1.08:
+            slow[(group, n, k, m)] = (pick, round(ratio, 3), min(by_variant, key=by_variant.get))
+    assert not slow, slow
