@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from qoq.runtime_cuda.gemm import checked, extension
+from qoq.runtime_cuda.reference import row_sums_code
 
 
 def _rows(x: torch.Tensor, name: str) -> torch.Tensor:
@@ -28,15 +29,6 @@ def _rows(x: torch.Tensor, name: str) -> torch.Tensor:
     return rows
 
 
-SUMS = {None: 0, "inputs": 1, "codes": 2}  # the extension's codes for `sums`
-
-
-def _sums_code(sums: str | None) -> int:
-    if sums not in SUMS:
-        raise ValueError(f"unknown sums {sums!r}; choose None, 'inputs' or 'codes'")
-    return SUMS[sums]
-
-
 def _unflatten(result, lead: torch.Size, sums: str | None):
     qx, s_x, row_sums = checked(result)
     return (
@@ -48,14 +40,14 @@ def _unflatten(result, lead: torch.Size, sums: str | None):
 
 def quant_tokens(x: torch.Tensor, sums: str | None = None):
     """§3.3 of x [..., K]."""
-    return _unflatten(extension().quant_tokens(_rows(x, "x"), _sums_code(sums)), x.shape[:-1], sums)
+    return _unflatten(extension().quant_tokens(_rows(x, "x"), row_sums_code(sums)), x.shape[:-1], sums)
 
 
 def rmsnorm_quant(x: torch.Tensor, weight: torch.Tensor, eps: float, sums: str | None = None):
     """§3.5 RMSNorm of x [..., K] (fp32 math, fp16 result), then §3.3."""
     if weight.shape != (x.shape[-1],):
         raise ValueError(f"RMSNorm weight must be [{x.shape[-1]}], got {tuple(weight.shape)}")
-    code = _sums_code(sums)
+    code = row_sums_code(sums)
     result = extension().rmsnorm_quant(_rows(x, "x"), _rows(weight.half(), "weight")[0], float(eps), code)
     return _unflatten(result, x.shape[:-1], sums)
 
@@ -64,5 +56,5 @@ def silu_mul_quant(gate: torch.Tensor, up: torch.Tensor, sums: str | None = None
     """fp16(fp16(silu(gate)) · up) of gate, up [..., I] (e.g. the halves of a gate_up output), then §3.3."""
     if gate.shape != up.shape:
         raise ValueError(f"gate {tuple(gate.shape)} and up {tuple(up.shape)} must have one shape")
-    result = extension().silu_mul_quant(_rows(gate, "gate"), _rows(up, "up"), _sums_code(sums))
+    result = extension().silu_mul_quant(_rows(gate, "gate"), _rows(up, "up"), row_sums_code(sums))
     return _unflatten(result, gate.shape[:-1], sums)

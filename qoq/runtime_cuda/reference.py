@@ -81,9 +81,18 @@ def reference_gemm(
     return epilogue(acc, s_x, s1_scales, s1_szeros=s1_szeros, xsum=xsum, bias=bias, out_dtype=out_dtype)
 
 
-def _quantize_with_sums(y: torch.Tensor, sums: str | None):
-    if sums not in (None, "inputs", "codes"):
+ROW_SUMS = (None, "inputs", "codes")  # the `sums` choices; index = csrc/quant_act.cuh's RowSums
+
+
+def row_sums_code(sums: str | None) -> int:
+    """`sums` checked, as its RowSums code."""
+    if sums not in ROW_SUMS:
         raise ValueError(f"unknown sums {sums!r}; choose None, 'inputs' or 'codes'")
+    return ROW_SUMS.index(sums)
+
+
+def _quantize_with_sums(y: torch.Tensor, sums: str | None):
+    row_sums_code(sums)
     qx, s_x = quantize_tokens(y)
     if sums == "inputs":
         return qx, s_x, y.float().sum(dim=-1)
