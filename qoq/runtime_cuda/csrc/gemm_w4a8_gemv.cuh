@@ -15,16 +15,16 @@ namespace qoq_gemm {
 // sums the 128 * x that comes off. With MT = 1 (M <= 16) the block first copies the M activation
 // rows into shared memory and reads A fragments by ldmatrix: per-lane 4-byte loads of 16 rows cost
 // 8x the L1 wavefronts. Rows >= M point ldmatrix at 16 zero bytes.
-//
+// Consecutive k-tiles a warp loads in one go: 8 (4 KB of weights) with 8 warps a block, 4 with 16 (same
+// call on the H200, g128 down_proj M=16 gemv16 12.82 -> 12.18 us; with 8 warps, runs of 4 were slower
+// for o_proj and qkv per group, 5.43 -> 5.50 and 11.76 -> 12.28 us at M=1).
+__host__ __device__ constexpr int gemv_run(int warps) { return warps == 16 ? 4 : 8; }
+
 // On Hopper the activation rows arrive by bulk copies, and from GEMV_CLUSTER_MIN_M rows on, pairs of
 // neighbouring 32-column blocks form a cluster that shares one read of them: block r copies rows r,
 // r + 2, ... from L2 and multicasts each to both blocks (an SM-to-SM copy inside the GPU, not NVLink
 // multicast). At M = 16 the rows are as many bytes as a block's weights, so each block staging its
 // own copy doubled the bytes through L2. Clusters of 4 measured slower than pairs.
-// Consecutive k-tiles a warp loads in one go: 8 (4 KB of weights) with 8 warps a block, 4 with 16 (same
-// call on the H200, g128 down_proj M=16 gemv16 12.82 -> 12.18 us; with 8 warps, runs of 4 were slower
-// for o_proj and qkv per group, 5.43 -> 5.50 and 11.76 -> 12.28 us at M=1).
-__host__ __device__ constexpr int gemv_run(int warps) { return warps == 16 ? 4 : 8; }
 constexpr int GEMV_CLUSTER = 2;  // 32-column blocks sharing their activation rows (Hopper, MT = 1)
 constexpr int GEMV_CLUSTER_MIN_M = 4;  // fewer rows: the cluster's start-up costs more than it saves
 // shared memory header: 16 zero bytes, the activations' mbarrier (8), 8 spare; then [M][K + 16]
