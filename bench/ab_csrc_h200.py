@@ -1,0 +1,76 @@
+"""Same-call A/B of two trees of qoq/runtime_cuda/csrc (the GEMM extension) on one GPU.
+
+Each tree is built as its own extension; every case is then timed with bench/timing.py's CUDA-graph
+timing for both trees, four replays interleaved (order flipped every other replay), so that machine
+drift falls on both sides. The committed outputs of this session's runs are in bench/results/ab_h200/.
+
+    git archive HEAD qoq/runtime_cuda/csrc | tar -x -C old_csrc --strip-components=3
+    python bench/ab_csrc_h200.py --old old_csrc --new qoq/runtime_cuda/csrc --cases gemv --out $OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+from torch.utils.cpp_extension import load
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import bench.gemm_h200 as gemm_bench  # noqa: E402
+from bench.timing import time_graph  # noqa: E402
+from qoq.runtime_cuda import gemm  # noqa: E402
+
+LLAMA2 = ((4096, 4096), (12288, 4096), (22016, 4096), (4096, 11008))  # o, qkv, gate_up, down (N, K)
+CASES = {  # (N, K, M, group, variant)
+    # wgmma tiles whose code a change may move, at the shapes that showed it
+    "wgmma": [(4096, 11008, 2048, 128, "wg128x128"), (4096, 11008, 2048, -1, "wg128x128"),
+              (12288, 4096, 2048, 128, "wg128x128"), (4096, 11008, 1024, 128, "wg128x128"),
+              (4096, 4096, 256, 128, "wg64x64"), (22016, 4096, 256, 128, "wg128x64"),
+              (4096, 4096, 2048, 128, "wg128x128"), (22016, 4096, 2048, 128, "wg128x128")],
+    # the two-warpgroup tiles where auto_variant picks them
+    "k2": [(4096, 4096, 256, 128, "wg64x64k2"), (4096, 4096, 256, -1, "wg64x64k2"),
+           (4096, 11008, 256, 128, "wg64x64k2"), (4096, 11008, 256, -1, "wg64x64k2"),
+           (12288, 4096, 64, 128, "wg64x64k2"), (4096, 4096, 512, 128, "wg128x64k2"),
+           (4096, 11008, 512, 128, "wg128x64k2"), (4096, 11008, 512, -1, "wg128x64k2")],
+    # the GEMV auto_variant picks at M <= 32 (H200: 132 SMs)
+    "gemv": [(n, k, m, g, gemm.auto_variant(m, n, k, g, 132, True))
+             for n, k in LLAMA2 for m in (1, 4, 16, 32) for g in (128, -1)],
+}
+
+
+def build(name: str, csrc: Path, build_root: Path):
+    out = build_root / f"ab_{name}"
+    out.mkdir(parents=True, exist_ok=True)
+    return load(name=f"qoq_w4a8_{name}", sources=[str(csrc / s) for s in gemm.SOURCES],
+                extra_include_paths=[str(csrc)], extra_cflags=["-O3", "-std=c++17"],
+                extra_cuda_cflags=["-O3", "-std=c++17", "--use_fast_math", "-lineinfo",
+                                   "-gencode=arch=compute_90a,code=sm_90a"], build_directory=str(out))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--old", type=Path, required=True)
+    ap.add_argument("--new", type=Path, required=True)
+    ap.add_argument("--cases", choices=sorted(CASES), required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--build-root", type=Path, default=Path("build/cuda"))
+    args = ap.parse_args()
+    mods = {"old": build("old", args.old, args.build_root), "new": build("new", args.new, args.build_root)}
+    rows = []
+    for n, k, m, group, variant in CASES[args.cases]:
+        times: dict[str, list[float]] = {"old": [], "new": []}
+        for rep in range(4):
+            for name in ("old", "new") if rep % 2 == 0 else ("new", "old"):
+                gemm.extension = lambda mod=mods[name]: mod  # w4a8_gemm calls gemm.extension()
+                times[name].append(round(time_graph(gemm_bench.w4a8_calls(m, n, k, group, variant)), 2))
+        rows.append(dict(n=n, k=k, m=m, group=group, variant=variant, **times))
+        print(rows[-1], flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"ab_{args.cases}.json").write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
