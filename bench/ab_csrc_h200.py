@@ -1,4 +1,4 @@
-"""Same-call A/B of two trees of qoq/runtime_cuda/csrc (the GEMM extension) on one GPU.
+"""Same-call A/B of two trees of qoq/runtime_cuda/csrc (the GEMM or the attention extension) on one GPU.
 
 Each tree is built as its own extension; every case is then timed with bench/timing.py's CUDA-graph
 timing for both trees, four replays interleaved (order flipped every other replay), so that machine
@@ -6,6 +6,8 @@ drift falls on both sides. The committed outputs of this session's runs are in b
 
     git archive HEAD qoq/runtime_cuda/csrc | tar -x -C old_csrc --strip-components=3
     python bench/ab_csrc_h200.py --old old_csrc --new qoq/runtime_cuda/csrc --cases gemv --out $OUT
+
+`--cases decode` times the decode attention kernel (pinned splits and ring stages) instead.
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ import torch
 from torch.utils.cpp_extension import load
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import bench.attention_h200 as attention_bench  # noqa: E402
 import bench.gemm_h200 as gemm_bench  # noqa: E402
 from bench.timing import time_graph  # noqa: E402
-from qoq.runtime_cuda import gemm  # noqa: E402
+from qoq.runtime_cuda import attention, gemm  # noqa: E402
 
 LLAMA2 = ((4096, 4096), (12288, 4096), (22016, 4096), (4096, 11008))  # o, qkv, gate_up, down (N, K)
 CASES = {  # (N, K, M, group, variant)
@@ -38,16 +41,31 @@ CASES = {  # (N, K, M, group, variant)
     # the GEMV auto_variant picks at M <= 32 (H200: 132 SMs)
     "gemv": [(n, k, m, g, gemm.auto_variant(m, n, k, g, 132, True))
              for n, k in LLAMA2 for m in (1, 4, 16, 32) for g in (128, -1)],
+    # decode attention (model, batch, length, splits, stages): the plan's launch at the B >= 64 rows of
+    # the summary, one-wave and multi-wave, and split launches (the cross-split merge)
+    "decode": [("llama3-8b", 64, 512, 1, 2), ("llama3-8b", 64, 1536, 1, 2), ("llama3-8b", 256, 512, 1, 3),
+               ("llama3-8b", 256, 4096, 1, 3), ("llama2-7b", 64, 512, 1, 3), ("llama2-7b", 64, 1536, 1, 3),
+               ("llama2-7b", 256, 1536, 1, 3), ("llama2-7b", 1, 4096, 5, 2), ("llama3-8b", 16, 1536, 2, 2),
+               ("llama3-8b", 1, 4096, 16, 2)],
 }
 
 
-def build(name: str, csrc: Path, build_root: Path):
-    out = build_root / f"ab_{name}"
+def build(name: str, csrc: Path, build_root: Path, family):
+    out = build_root / f"ab_{family.__name__.rsplit('.', 1)[-1]}_{name}"
     out.mkdir(parents=True, exist_ok=True)
-    return load(name=f"qoq_w4a8_{name}", sources=[str(csrc / s) for s in gemm.SOURCES],
+    return load(name=f"qoq_ab_{family.__name__.rsplit('.', 1)[-1]}_{name}", sources=[str(csrc / s) for s in family.SOURCES],
                 extra_include_paths=[str(csrc)], extra_cflags=["-O3", "-std=c++17"],
                 extra_cuda_cflags=["-O3", "-std=c++17", "--use_fast_math", "-lineinfo",
                                    "-gencode=arch=compute_90a,code=sm_90a"], build_directory=str(out))
+
+
+def decode_calls(model: str, batch: int, length: int, splits: int, stages: int):
+    """-> a function giving one decode call per input set (bench/attention_h200.py's sets, made once)."""
+    hq, hkv, dim = attention_bench.MODELS[model]
+    lens = torch.full((batch,), length, dtype=torch.int32, device="cuda")
+    sets = attention_bench.decode_sets(hq, hkv, dim, batch, length)
+    return lambda: [lambda s=s: attention.decode_attention(s[0], s[1], s[2], s[3], lens, length, num_splits=splits,
+                                                           num_stages=stages) for s in sets]
 
 
 def main() -> None:
@@ -58,15 +76,21 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--build-root", type=Path, default=Path("build/cuda"))
     args = ap.parse_args()
-    mods = {"old": build("old", args.old, args.build_root), "new": build("new", args.new, args.build_root)}
+    family = attention if args.cases == "decode" else gemm
+    mods = {name: build(name, tree, args.build_root, family) for name, tree in (("old", args.old), ("new", args.new))}
     rows = []
-    for n, k, m, group, variant in CASES[args.cases]:
+    for case in CASES[args.cases]:
+        if family is attention:
+            row, make_calls = dict(zip(("model", "batch", "length", "splits", "stages"), case)), decode_calls(*case)
+        else:
+            row = dict(zip(("n", "k", "m", "group", "variant"), case))
+            make_calls = lambda n=case[0], k=case[1], m=case[2], g=case[3], v=case[4]: gemm_bench.w4a8_calls(m, n, k, g, v)  # noqa: E731
         times: dict[str, list[float]] = {"old": [], "new": []}
         for rep in range(4):
             for name in ("old", "new") if rep % 2 == 0 else ("new", "old"):
-                gemm.extension = lambda mod=mods[name]: mod  # w4a8_gemm calls gemm.extension()
-                times[name].append(round(time_graph(gemm_bench.w4a8_calls(m, n, k, group, variant)), 2))
-        rows.append(dict(n=n, k=k, m=m, group=group, variant=variant, **times))
+                family.extension = lambda mod=mods[name]: mod  # the wrappers call <family>.extension()
+                times[name].append(round(time_graph(make_calls()), 2))
+        rows.append(dict(row, **times))
         print(rows[-1], flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"ab_{args.cases}.json").write_text(json.dumps(rows, indent=1))

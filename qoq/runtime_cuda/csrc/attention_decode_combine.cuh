@@ -23,57 +23,80 @@ struct WarpState {
   float m[2], l[2];  // for g = 2*quad + {0,1}: running max (log2 units), this lane's sum of p
 };
 
-// scratch: >= kDecodeWarps * kMaxGroup * D floats of shared memory no longer used by the caller.
+// The warps' o, scaled and laid out for the cross-warp sum: per (warp, query head) a row of kRow
+// floats (4 banks apart, so lanes of different quads never share a bank) holding d at position
+// (d % (D/8)) * 8 + d / (D/8): a lane's 8 grp neighbours then store to 8 consecutive floats.
+template <int D>
+struct CombineRows {
+  static constexpr int kRow = D + 4;
+  static constexpr int kFloats = kDecodeWarps * kMaxGroup * kRow;  // scratch the combine needs
+  __device__ static int dim(int pos) { return (pos % 8) * (D / 8) + pos / 8; }
+};
+
+// scratch: >= CombineRows<D>::kFloats floats of shared memory no longer used by the caller.
 template <int D>
 __device__ __forceinline__ void combine_warps_and_splits(const DecodeParams& p, WarpState<D>& st, float* scratch,
                                                          int split, int head, int b) {
+  using Rows = CombineRows<D>;
   __shared__ float sm_m[kDecodeWarps][kMaxGroup], sm_l[kDecodeWarps][kMaxGroup];
   __shared__ float sm_wt[kMaxGroup][kMaxSplits];
   __shared__ int is_last;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, quad = lane & 3, grp = lane >> 2;
-  float (*sm_o)[kMaxGroup][D] = reinterpret_cast<float (*)[kMaxGroup][D]>(scratch);
+  const int G = p.group, GD = G * D, S = p.num_splits;
+  const int bh = b * p.num_kv_heads + head;
+  const size_t part = (size_t)bh * S + split;
 #pragma unroll
   for (int h = 0; h < 2; ++h)
 #pragma unroll
     for (int x = 4; x <= 16; x <<= 1) st.l[h] += __shfl_xor_sync(0xffffffffu, st.l[h], x);
-  const float z0 = st.z[0], z1 = st.z[1];
-  constexpr float kEven = 16777216.f, kOdd = 1048576.f;  // 2^24; 2^24 / 16 for the high nibbles
-#pragma unroll
-  for (int i = 0; i < D / 16; ++i) {
-    const int d = grp * (D / 8) + 2 * i;
-    sm_o[warp][2 * quad][d] = st.o[i][0] * kEven - z0;
-    sm_o[warp][2 * quad + 1][d] = st.o[i][1] * kEven - z1;
-    sm_o[warp][2 * quad][d + 1] = st.o[i][2] * kOdd - z0;
-    sm_o[warp][2 * quad + 1][d + 1] = st.o[i][3] * kOdd - z1;
-  }
   if (grp == 0) {
     sm_m[warp][2 * quad] = st.m[0]; sm_l[warp][2 * quad] = st.l[0];
     sm_m[warp][2 * quad + 1] = st.m[1]; sm_l[warp][2 * quad + 1] = st.l[1];
   }
   __syncthreads();
 
-  const int G = p.group, GD = G * D, S = p.num_splits;
-  const int bh = b * p.num_kv_heads + head;
-  const size_t part = (size_t)bh * S + split;
-  half* out = p.out + (size_t)bh * GD;  // query heads head*G .. head*G+G-1 of sequence b
-  for (int idx = threadIdx.x; idx < GD; idx += kDecodeThreads) {
-    const int g = idx / D, d = idx % D;
-    float M = -INFINITY;
+  // Each lane weighs its own o by exp2(m - M) for the CTA's max M of its heads (and by 1 / L with one
+  // split), so the cross-warp step is a plain sum. A warp without tokens has m = -inf and weight 0.
+  float wt[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int g = 2 * quad + h;
+    float M = -INFINITY, L = 0.f;
 #pragma unroll
     for (int w = 0; w < kDecodeWarps; ++w) M = fmaxf(M, sm_m[w][g]);
-    float L = 0.f, O = 0.f;
 #pragma unroll
-    for (int w = 0; w < kDecodeWarps; ++w) {
-      const float wt = sm_m[w][g] == -INFINITY ? 0.f : exp2f(sm_m[w][g] - M);
-      L += sm_l[w][g] * wt;
-      O += sm_o[w][g][d] * wt;
+    for (int w = 0; w < kDecodeWarps; ++w) L += sm_m[w][g] == -INFINITY ? 0.f : sm_l[w][g] * exp2f(sm_m[w][g] - M);
+    wt[h] = st.m[h] == -INFINITY ? 0.f : exp2f(st.m[h] - M);
+    if (S == 1) wt[h] = L > 0.f ? wt[h] / L : 0.f;
+    if (S > 1 && warp == 0 && grp == 0 && g < G) {
+      p.part_ml[(part * G + g) * 2] = M;
+      p.part_ml[(part * G + g) * 2 + 1] = L;
     }
-    if (S == 1) {
-      out[idx] = __float2half_rn(L > 0.f ? O / L : 0.f);
-    } else {
-      p.part_o[part * GD + idx] = O;
-      if (d == 0) { p.part_ml[(part * G + g) * 2] = M; p.part_ml[(part * G + g) * 2 + 1] = L; }
+  }
+  constexpr float kEven = 16777216.f, kOdd = 1048576.f;  // 2^24; 2^24 / 16 for the high nibbles
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int g = 2 * quad + h;
+    if (g >= G) continue;
+    float* row = scratch + (warp * kMaxGroup + g) * Rows::kRow;
+#pragma unroll
+    for (int i = 0; i < D / 16; ++i) {  // d = grp * D/8 + 2i (and + 1): positions 16 i + grp (and + 8)
+      row[16 * i + grp] = (st.o[i][h] * kEven - st.z[h]) * wt[h];
+      row[16 * i + 8 + grp] = (st.o[i][2 + h] * kOdd - st.z[h]) * wt[h];
     }
+  }
+  __syncthreads();
+
+  half* out = p.out + (size_t)bh * GD;  // query heads head*G .. head*G+G-1 of sequence b
+  for (int idx = threadIdx.x; idx < GD; idx += kDecodeThreads) {  // idx: g and a row position
+    const int g = idx / D, pos = idx % D, d = Rows::dim(pos);
+    float O = 0.f;
+#pragma unroll
+    for (int w = 0; w < kDecodeWarps; ++w) O += scratch[(w * kMaxGroup + g) * Rows::kRow + pos];
+    if (S == 1)
+      out[g * D + d] = __float2half_rn(O);
+    else
+      p.part_o[part * GD + g * D + d] = O;
   }
   if (S == 1) return;
   __threadfence();

@@ -44,7 +44,7 @@ struct Chunk {
   static constexpr int kVecPieces = kTokens * 2 / 16;  // 16-byte pieces per scale/zero vector
   static constexpr int kSlotBytes = kSOffset + 4 * kTokens * 2;
   static_assert(kCodeBytes == 2048 && 4 * kVecPieces <= 32, "one round of copies per lane");
-  static_assert(kWarps * kMaxGroup * D * 4 <= 2 * kWarps * kSlotBytes, "the combine reuses the ring");
+  static_assert(CombineRows<D>::kFloats * 4 <= 2 * kWarps * kSlotBytes, "the combine reuses the ring");
 };
 
 // XOR of the 16-byte piece index within each 128 bytes of a code region, by token row, so that
