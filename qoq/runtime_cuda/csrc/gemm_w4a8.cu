@@ -14,12 +14,17 @@
 
 namespace qoq_gemm {
 
-// K splits for a grid of `blocks` tiles: below one wave each block's serial k-loop is latency
-// bound, so split K until about two blocks per SM run (keeping >= 4 k-steps per split).
-static int k_splits(int blocks, int k_steps) {
+static int multiprocessors() {
   int device = 0, sms = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return sms;
+}
+
+// K splits for a grid of `blocks` tiles: below one wave each block's serial k-loop is latency
+// bound, so split K until about two blocks per SM run (keeping >= 4 k-steps per split).
+static int k_splits(int blocks, int k_steps) {
+  const int sms = multiprocessors();
   if (blocks >= sms) return 1;
   const int wanted = (2 * sms + blocks - 1) / blocks;
   return std::max(1, std::min({wanted, k_steps / 4, 8}));
@@ -95,10 +100,10 @@ static int gemv_cluster(const GemmParams& p, int mt) {
   return shared && is_hopper() ? GEMV_CLUSTER : 1;
 }
 
-template <int MT, int GROUP, int WARPS>
+template <int MT, int GROUP, int WARPS, bool ACT_FIRST = false>
 static void launch_gemv(const GemmParams& p, int smem_limit, cudaStream_t stream) {
   static bool configured = false;
-  allow_smem(gemm_gemv_kernel<MT, GROUP, WARPS>, smem_limit, configured);
+  allow_smem(gemm_gemv_kernel<MT, GROUP, WARPS, ACT_FIRST>, smem_limit, configured);
   const int blocks_per_cluster = gemv_cluster(p, MT);
   cudaLaunchAttribute cluster{};
   cluster.id = cudaLaunchAttributeClusterDimension;
@@ -110,7 +115,16 @@ static void launch_gemv(const GemmParams& p, int smem_limit, cudaStream_t stream
   config.stream = stream;
   config.attrs = &cluster;
   config.numAttrs = blocks_per_cluster > 1 ? 1 : 0;  // no cluster launches before Hopper
-  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, gemm_gemv_kernel<MT, GROUP, WARPS>, p));
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, gemm_gemv_kernel<MT, GROUP, WARPS, ACT_FIRST>, p));
+}
+
+// Whether a staged GEMV (M <= 16) copies its activation rows before its first weight loads. Same-call
+// A/B on the H200 (bench/results/ab_h200/ab_gemv_act_first.json): faster where the grid is one wave
+// (N / 32 <= SMs: o_proj and down_proj, every M; o_proj g128 M=16 6.60 -> 6.06 us) and per group at
+// M = 16, where a block's activation rows are as many bytes as its weights (qkv g128 15.19 -> 13.92);
+// slower for the multi-wave qkv / gate_up at M = 1 (qkv g128 11.80 -> 12.77) and per channel at M = 16.
+static bool gemv_act_first(const GemmParams& p) {
+  return p.N / 32 <= multiprocessors() || (p.group > 0 && p.M == 16);
 }
 
 // M <= 16 stages its activation rows in shared memory where they fit (K up to ~14000 at M = 16);
@@ -118,7 +132,10 @@ static void launch_gemv(const GemmParams& p, int smem_limit, cudaStream_t stream
 template <int GROUP, int WARPS>
 static void dispatch_gemv(const GemmParams& p, cudaStream_t stream) {
   const int limit = smem_optin();
-  if (p.M <= 16 && gemv_smem_bytes(1, WARPS, p.M, p.K) <= limit) return launch_gemv<1, GROUP, WARPS>(p, limit, stream);
+  if (p.M <= 16 && gemv_smem_bytes(1, WARPS, p.M, p.K) <= limit) {
+    if (gemv_act_first(p)) return launch_gemv<1, GROUP, WARPS, true>(p, limit, stream);
+    return launch_gemv<1, GROUP, WARPS>(p, limit, stream);
+  }
   if (p.M <= 32) return launch_gemv<2, GROUP, WARPS>(p, limit, stream);
   return launch_gemv<4, GROUP, WARPS>(p, limit, stream);
 }

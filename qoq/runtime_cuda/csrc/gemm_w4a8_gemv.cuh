@@ -101,7 +101,9 @@ __device__ __forceinline__ void gemv_compute_run(const GemmParams& p, const Gemv
   }
 }
 
-template <int MT, int GROUP, int WARPS>
+// ACT_FIRST (MT = 1): the activation copies go out before the first run's weight loads, not after
+// (gemm_w4a8.cu's gemv_act_first says where that measured faster).
+template <int MT, int GROUP, int WARPS, bool ACT_FIRST>
 __global__ void __launch_bounds__(WARPS * 32, MT == 1 ? 16 / WARPS : 1) gemm_gemv_kernel(const GemmParams p) {
   extern __shared__ __align__(16) uint8_t smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -110,11 +112,13 @@ __global__ void __launch_bounds__(WARPS * 32, MT == 1 ? 16 / WARPS : 1) gemm_gem
   const size_t scale_col = static_cast<size_t>(n0) * 32 + 4 * (lane >> 2);
   constexpr int RUN = gemv_run(WARPS), STRIDE = WARPS * RUN;
 
-  // The first run's weight loads go out first; the activation rows land meanwhile.
+  // The first run's weight loads and the activation rows' copies go out together, in the order
+  // ACT_FIRST says; the second run's loads wait for the activations (issuing them earlier was slower).
   int acc[MT][4][4] = {}, offset[MT][4] = {};
   GemvRun<GROUP, RUN> ping, pong;
   int first = warp * RUN;
-  gemv_load_run<GROUP, RUN>(p, ping, tiles, scale_col, first, k_tiles);
+  constexpr bool ACT_COPY_FIRST = MT == 1 && ACT_FIRST;
+  if constexpr (!ACT_COPY_FIRST) gemv_load_run<GROUP, RUN>(p, ping, tiles, scale_col, first, k_tiles);
   uint32_t a_base = 0, a_step = 0;
   if constexpr (MT == 1) {
     uint8_t* act = smem + GEMV_HEADER;
@@ -144,6 +148,7 @@ __global__ void __launch_bounds__(WARPS * 32, MT == 1 ? 16 / WARPS : 1) gemm_gem
     const bool real = row < p.M;
     a_base = static_cast<uint32_t>(__cvta_generic_to_shared(real ? act + row * row_bytes + 16 * (lane >> 4) : smem));
     a_step = real ? 32 : 0;
+    if constexpr (ACT_COPY_FIRST) gemv_load_run<GROUP, RUN>(p, ping, tiles, scale_col, first, k_tiles);
 #if __CUDA_ARCH__ >= 900
     mbarrier_wait(bar, 0);
 #else
