@@ -121,8 +121,8 @@ static void launch_gemv(const GemmParams& p, int smem_limit, cudaStream_t stream
 // Whether a staged GEMV (M <= 16) copies its activation rows before its first weight loads. Same-call
 // A/B on the H200 (bench/results/ab_h200/ab_gemv_act_first.json): faster where the grid is one wave
 // (N / 32 <= SMs: o_proj and down_proj, every M; o_proj g128 M=16 6.60 -> 6.06 us) and per group at
-// M = 16, where a block's activation rows are as many bytes as its weights (qkv g128 15.19 -> 13.92);
-// slower for the multi-wave qkv / gate_up at M = 1 (qkv g128 11.80 -> 12.77) and per channel at M = 16.
+// M = 16, where a block's activation rows are as many bytes as its weights (qkv g128 15.18 -> 13.92);
+// slower for the multi-wave qkv / gate_up at M = 1 (qkv g128 11.81 -> 12.77) and per channel at M = 16.
 static bool gemv_act_first(const GemmParams& p) {
   return p.N / 32 <= multiprocessors() || (p.group > 0 && p.M == 16);
 }
