@@ -18,13 +18,13 @@ import sys
 from pathlib import Path
 
 import torch
-from torch.utils.cpp_extension import load
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import bench.attention_h200 as attention_bench  # noqa: E402
 import bench.gemm_h200 as gemm_bench  # noqa: E402
 from bench.timing import time_graph  # noqa: E402
 from qoq.runtime_cuda import attention, gemm  # noqa: E402
+from qoq.runtime_cuda.build import build_tree  # noqa: E402
 
 LLAMA2 = ((4096, 4096), (12288, 4096), (22016, 4096), (4096, 11008))  # o, qkv, gate_up, down (N, K)
 CASES = {  # (N, K, M, group, variant)
@@ -51,12 +51,9 @@ CASES = {  # (N, K, M, group, variant)
 
 
 def build(name: str, csrc: Path, build_root: Path, family):
-    out = build_root / f"ab_{family.__name__.rsplit('.', 1)[-1]}_{name}"
-    out.mkdir(parents=True, exist_ok=True)
-    return load(name=f"qoq_ab_{family.__name__.rsplit('.', 1)[-1]}_{name}", sources=[str(csrc / s) for s in family.SOURCES],
-                extra_include_paths=[str(csrc)], extra_cflags=["-O3", "-std=c++17"],
-                extra_cuda_cflags=["-O3", "-std=c++17", "--use_fast_math", "-lineinfo",
-                                   "-gencode=arch=compute_90a,code=sm_90a"], build_directory=str(out))
+    """The extension of `family` (the gemm or attention module) built from the tree `csrc`."""
+    ext = f"ab_{family.__name__.rsplit('.', 1)[-1]}_{name}"
+    return build_tree(f"qoq_{ext}", csrc, family.SOURCES, build_root / ext)
 
 
 def decode_calls(model: str, batch: int, length: int, splits: int, stages: int):

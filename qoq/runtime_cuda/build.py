@@ -30,27 +30,32 @@ def _arch_flags() -> list[str]:
     return [f"-gencode=arch=compute_{arch},code=sm_{arch}"]
 
 
-@lru_cache(maxsize=None)
-def load_extension(name: str, sources: tuple[str, ...], verbose: bool = False):
-    """Build (or reuse) the extension `name` from files in csrc/ and return the loaded module."""
-    import torch
+def build_tree(name: str, csrc: Path, sources: tuple[str, ...], build_dir: Path, verbose: bool = False):
+    """Build (or reuse) the extension `name` from files in the source tree `csrc` into `build_dir`, with
+    the package's compiler flags (bench/ab_csrc_h200.py builds two trees side by side this way)."""
     from torch.utils.cpp_extension import load
 
-    paths = [CSRC / s for s in sources]
-    headers = sorted(CSRC.glob("*.cuh")) + sorted(CSRC.glob("*.h"))
-    digest = hashlib.sha256()
-    for p in paths + headers:
-        digest.update(p.name.encode())
-        digest.update(p.read_bytes())
-    digest.update(torch.__version__.encode())
-    build_dir = _cache_root() / f"{name}-{digest.hexdigest()[:16]}"
     build_dir.mkdir(parents=True, exist_ok=True)
     return load(
         name=name,
-        sources=[str(p) for p in paths],
-        extra_include_paths=[str(CSRC)],
+        sources=[str(csrc / s) for s in sources],
+        extra_include_paths=[str(csrc)],
         extra_cflags=["-O3", "-std=c++17"],
         extra_cuda_cflags=["-O3", "-std=c++17", "--use_fast_math", "-lineinfo", *_arch_flags()],
         build_directory=str(build_dir),
         verbose=verbose,
     )
+
+
+@lru_cache(maxsize=None)
+def load_extension(name: str, sources: tuple[str, ...], verbose: bool = False):
+    """Build (or reuse) the extension `name` from files in csrc/ and return the loaded module."""
+    import torch
+
+    headers = sorted(CSRC.glob("*.cuh")) + sorted(CSRC.glob("*.h"))
+    digest = hashlib.sha256()
+    for p in [CSRC / s for s in sources] + headers:
+        digest.update(p.name.encode())
+        digest.update(p.read_bytes())
+    digest.update(torch.__version__.encode())
+    return build_tree(name, CSRC, sources, _cache_root() / f"{name}-{digest.hexdigest()[:16]}", verbose)
