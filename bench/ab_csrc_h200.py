@@ -41,6 +41,11 @@ CASES = {  # (N, K, M, group, variant)
     # the GEMV auto_variant picks at M <= 32 (H200: 132 SMs)
     "gemv": [(n, k, m, g, gemm.auto_variant(m, n, k, g, 132, True))
              for n, k in LLAMA2 for m in (1, 4, 16, 32) for g in (128, -1)],
+    # every GEMV kernel at one token and at 16
+    "gemv_all": [(n, k, m, g, v) for n, k in LLAMA2 for m in (1, 16) for g in (128, -1)
+                 for v in ("gemv", "gemv16", "gemv16p")],
+    # the persistent GEMV alone
+    "gemv16p": [(n, k, m, g, "gemv16p") for n, k in LLAMA2 for m in (1, 4, 16) for g in (128, -1)],
     # decode attention (model, batch, length, splits, stages): the plan's launch at the B >= 64 rows of
     # the summary, one-wave and multi-wave, and split launches (the cross-split merge)
     "decode": [("llama3-8b", 64, 512, 1, 2), ("llama3-8b", 64, 1536, 1, 2), ("llama3-8b", 256, 512, 1, 3),

@@ -32,7 +32,7 @@ from qoq.quant.linear import export_linear  # noqa: E402
 from qoq.quant.weights import quantize_weight  # noqa: E402
 from qoq.runtime_cuda import quant_kernels, reference  # noqa: E402
 from qoq.runtime_cuda.gemm import (  # noqa: E402
-    GEMV_MAX_M, VARIANTS, auto_variant, extension, is_hopper, w4a8_accumulators, w4a8_gemm,
+    GEMV_MAX_M, GEMVP_MAX_M, VARIANTS, auto_variant, extension, is_hopper, w4a8_accumulators, w4a8_gemm,
 )
 
 MODELS = {  # (N, K) of qkv, o, gate_up, down; group size of the per-group recipe
@@ -56,7 +56,7 @@ SELECTED = list(VARIANTS)  # --variants narrows this (a tuning run)
 
 
 def variants_for(m: int) -> list[str]:
-    return [v for v in SELECTED if not v.startswith("gemv") or m <= GEMV_MAX_M]
+    return [v for v in SELECTED if not v.startswith("gemv") or m <= (GEMVP_MAX_M if v == "gemv16p" else GEMV_MAX_M)]
 
 
 def bench_variants_for(m: int) -> list[str]:

@@ -16,16 +16,18 @@ from qoq.runtime_cuda.build import load_extension
 
 SOURCES = ("gemm_w4a8.cu", "quant_act.cu", "gemm_bindings.cpp")
 # The kernels: split-K GEMVs (M <= 64; 8 or 16 warps per 32 columns; at M <= 16 the activations are
-# staged in shared memory, on Hopper by bulk copies shared by pairs of blocks from M = 4; per group the
+# staged in shared memory, on Hopper by bulk copies shared by pairs of blocks from M = 4; "gemv16p" is
+# persistent, one 16-warp block per SM staging the rows once for all its column blocks; per group the
 # weights dequantize to biased u8) and tiled MMA kernels with 64- or 128-row blocks; the "w" tiled
 # kernels use 4 warps with BM x 32 warp tiles, so each weight fragment is dequantized once per block;
 # the "wg" kernels (Hopper only) use wgmma with the weights as the register operand, named by block
 # tile (channels x tokens), "k2" with two warpgroups splitting each block's K range (more loads and
 # wgmmas in flight where the grid leaves warp slots empty). Grids below one wave split K (int32
 # partial sums added atomically).
-VARIANTS = {"gemv": 1, "gemv16": 6, "tiled64": 2, "tiled128": 3, "tiled128w": 4, "tiled64w": 5,
+VARIANTS = {"gemv": 1, "gemv16": 6, "gemv16p": 12, "tiled64": 2, "tiled128": 3, "tiled128w": 4, "tiled64w": 5,
             "wg128x64": 7, "wg128x128": 8, "wg64x64": 9, "wg64x64k2": 10, "wg128x64k2": 11}
 GEMV_MAX_M = 64
+GEMVP_MAX_M = 16  # the persistent GEMV stages at most 16 activation rows
 WGMMA_IDS = {i for v, i in VARIANTS.items() if v.startswith("wg")}
 
 
@@ -99,6 +101,8 @@ def _variant_id(variant: str, qx: torch.Tensor, n: int, group: int) -> int:
     if variant.startswith("gemv") and (m > GEMV_MAX_M or group not in (-1, 64, 128)):
         raise ValueError(f"the {variant} variant handles M <= {GEMV_MAX_M} and groups of 64 or 128, "
                          f"got M={m}, group={group}")
+    if variant == "gemv16p" and m > GEMVP_MAX_M:
+        raise ValueError(f"the gemv16p variant handles M <= {GEMVP_MAX_M}, got M={m}")
     if variant.startswith("wg") and not is_hopper(qx.device):
         raise ValueError(f"the {variant} variant (wgmma) needs a Hopper GPU (sm_90), "
                          f"got sm_{''.join(map(str, torch.cuda.get_device_capability(qx.device)))}")

@@ -38,7 +38,8 @@ def _gemm_args(t: dict) -> dict:
 
 TILED = ["tiled64", "tiled128", "tiled128w", "tiled64w"]
 WGMMA = [v for v in VARIANTS if v.startswith("wg")] if torch.cuda.is_available() and is_hopper(torch.device(DEV)) else []
-VARIANTS_BY_M = {m: (["gemv", "gemv16", *TILED, *WGMMA] if m <= 64 else TILED + WGMMA)
+GEMV = ["gemv", "gemv16"]
+VARIANTS_BY_M = {m: ((GEMV + ["gemv16p"] if m <= 16 else GEMV) + TILED + WGMMA if m <= 64 else TILED + WGMMA)
                  for m in (1, 5, 16, 17, 33, 64, 100, 300)}
 
 
@@ -68,6 +69,27 @@ def test_gemm_accumulators_exact_and_outputs_close(group_size, n, k):
             y = torch.full((m, n), float("nan"), dtype=torch.float16, device=DEV)
             w4a8_gemm(qx, s_x, t["w.qweight"], t["w.s1_scales"], out=y, variant=variant, **args)
             assert torch.isfinite(y).all() and _rel(y, y_ref) < 1e-3, (m, variant)
+
+
+def test_persistent_gemv_exact_over_column_blocks_and_repeats():
+    """gemv16p's blocks take several 32-column blocks each (N/32 > SMs) through two alternating sum
+    buffers: fresh inputs many times at M <= 16, with and without the paired row copies (M >= 4)."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    n = 32 * (3 * sms + 5)  # every block 3 or 4 column blocks; an odd count for the pairs
+    failures = []
+    for group_size, k in ((128, 1024), (-1, 544), (64, 192)):
+        t = _artifact(n, k, group_size, seed=k)
+        s2 = {a: v for a, v in _gemm_args(t).items() if a.startswith("s2")}
+        for rep in range(4):
+            for m in (1, 3, 4, 9, 16):
+                qx = torch.randint(-127, 128, (m, k), dtype=torch.int8, device=DEV)
+                acc_ref = reference_accumulators(qx, t["w.qweight"], **s2)
+                acc = torch.full((m, n), -(2**31), dtype=torch.int32, device=DEV)
+                w4a8_accumulators(qx, t["w.qweight"], out=acc, variant="gemv16p", **s2)
+                bad = int((acc.long() != acc_ref).sum())
+                if bad:
+                    failures.append((group_size, k, rep, m, bad))
+    assert not failures, failures
 
 
 @pytest.mark.skipif(not WGMMA, reason="the wgmma kernels run on Hopper only")
@@ -114,6 +136,8 @@ def test_bad_arguments_raise_before_reaching_the_extension():
         with pytest.raises(ValueError, match=r"qsum must be \[4\]"):
             w4a8_gemm(qx, s_x[:4], t["w.qweight"], t["w.s1_scales"],
                       qsum=torch.zeros(5, dtype=torch.int32, device=DEV), variant="wg64x64", **s2)
+    with pytest.raises(ValueError, match="gemv16p variant handles M <= 16"):
+        w4a8_accumulators(torch.zeros(17, 256, dtype=torch.int8, device=DEV), t["w.qweight"], variant="gemv16p", **s2)
     with pytest.raises(ValueError, match="gemv variant handles M <= 64"):
         w4a8_accumulators(torch.zeros(65, 256, dtype=torch.int8, device=DEV), t["w.qweight"], variant="gemv", **s2)
     with pytest.raises(ValueError, match="multiple of 8"):

@@ -58,11 +58,14 @@ Problem check_gemm(qoq_gemm::GemmParams& p, const at::Tensor& qx, const Opt& s_x
   if (grouped && szero.has_value()) return "give per-group (s2) or per-channel (szero) terms, not both";
   if (variant < qoq_gemm::GEMV || variant > qoq_gemm::LAST_VARIANT)
     return text("unknown GEMM variant ", variant, " (see qoq/runtime_cuda/gemm.py's VARIANTS)");
-  if (variant >= qoq_gemm::WG128X64 && at::cuda::getDeviceProperties(qx.get_device())->major != 9)
+  const bool wgmma = variant >= qoq_gemm::WG128X64 && variant <= qoq_gemm::WG128X64_K2;
+  if (wgmma && at::cuda::getDeviceProperties(qx.get_device())->major != 9)
     return "the wgmma variants need a Hopper GPU (sm_90)";
-  const bool gemv = variant == qoq_gemm::GEMV || variant == qoq_gemm::GEMV16;
+  const bool gemv = variant == qoq_gemm::GEMV || variant == qoq_gemm::GEMV16 || variant == qoq_gemm::GEMV16P;
   if (gemv && M > qoq_gemm::GEMV_MAX_M)
     return text("the gemv variant handles M <= ", qoq_gemm::GEMV_MAX_M, ", got M=", M);
+  if (variant == qoq_gemm::GEMV16P && M > qoq_gemm::GEMVP_MAX_M)
+    return text("the gemv16p variant handles M <= ", qoq_gemm::GEMVP_MAX_M, ", got M=", M);
 
   p.qx = qx.data_ptr<int8_t>();
   p.qweight = reinterpret_cast<const uint8_t*>(qweight.data_ptr<int8_t>());
@@ -81,7 +84,7 @@ Problem check_gemm(qoq_gemm::GemmParams& p, const at::Tensor& qx, const Opt& s_x
       return text("the gemv variant handles groups of 64 or 128, got ", p.group);
     p.s2 = s2->data_ptr<int8_t>();
     p.s2_zeros = s2_zeros->data_ptr<int8_t>();
-    if (variant >= qoq_gemm::WG128X64) {  // per group the wgmma kernels take the code sums
+    if (wgmma) {  // per group the wgmma kernels take the code sums
       if (Problem problem = check_vector(qsum, "qsum", at::kInt, M); !problem.empty()) return problem;
       p.qsum = qsum->data_ptr<int32_t>();
     }

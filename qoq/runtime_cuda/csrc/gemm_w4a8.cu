@@ -9,6 +9,7 @@
 #include <algorithm>
 
 #include "gemm_w4a8_gemv.cuh"
+#include "gemm_w4a8_gemv_persistent.cuh"
 #include "gemm_w4a8_tiled.cuh"
 #include "gemm_w4a8_wgmma.cuh"
 
@@ -146,6 +147,36 @@ static void dispatch_gemv_group(const GemmParams& p, cudaStream_t stream) {
   return p.group == 64 ? dispatch_gemv<64, WARPS>(p, stream) : dispatch_gemv<128, WARPS>(p, stream);
 }
 
+// One block per SM (at most one per column block); on Hopper from GEMV_CLUSTER_MIN_M rows on, pairs of
+// blocks share one read of the activation rows, as in the staged GEMV.
+template <int GROUP>
+static void launch_gemvp(const GemmParams& p, int smem_limit, cudaStream_t stream) {
+  static bool configured = false;
+  allow_smem(gemm_gemv_persistent_kernel<GROUP>, smem_limit, configured);
+  int blocks = std::min(multiprocessors(), p.N / 32);
+  const bool pairs = p.M >= GEMV_CLUSTER_MIN_M && blocks >= GEMV_CLUSTER && is_hopper();
+  if (pairs) blocks -= blocks % GEMV_CLUSTER;
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim = {static_cast<unsigned>(pairs ? GEMV_CLUSTER : 1), 1, 1};
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(blocks);
+  config.blockDim = dim3(GEMVP_WARPS * 32);
+  config.dynamicSmemBytes = gemvp_smem_bytes(p.M, p.K);
+  config.stream = stream;
+  config.attrs = &cluster;
+  config.numAttrs = pairs ? 1 : 0;
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, gemm_gemv_persistent_kernel<GROUP>, p));
+}
+
+// Rows that do not fit shared memory (K beyond ~13500 at M = 16) go to the 16-warp GEMV.
+static void dispatch_gemvp(const GemmParams& p, cudaStream_t stream) {
+  const int limit = smem_optin();
+  if (gemvp_smem_bytes(p.M, p.K) > limit) return dispatch_gemv_group<16>(p, stream);
+  if (p.group == 0) return launch_gemvp<0>(p, limit, stream);
+  return p.group == 64 ? launch_gemvp<64>(p, limit, stream) : launch_gemvp<128>(p, limit, stream);
+}
+
 // The variant is chosen by the caller (qoq/runtime_cuda/gemm.py picks one for "auto").
 template <bool GROUPED>
 static void dispatch(const GemmParams& p, Variant variant, const at::Tensor& like, cudaStream_t stream) {
@@ -154,6 +185,8 @@ static void dispatch(const GemmParams& p, Variant variant, const at::Tensor& lik
       return dispatch_gemv_group<8>(p, stream);
     case GEMV16:
       return dispatch_gemv_group<16>(p, stream);
+    case GEMV16P:
+      return dispatch_gemvp(p, stream);
     case TILED64:
       return launch_tiled<64, 2, GROUPED>(p, like, stream);
     case TILED128:

@@ -40,6 +40,52 @@ __device__ __forceinline__ uint32_t load_act_word(const GemmParams& p, int row, 
   return row < p.M ? __ldg(reinterpret_cast<const uint32_t*>(p.qx + static_cast<size_t>(row) * p.K + k)) : 0u;
 }
 
+// MT = 1: start copying the M activation rows into shared memory ([M][K + 16] after the header; on
+// Hopper by bulk copies, multicast to both blocks of a cluster) and zero the header's first 16 bytes.
+// Gives each lane's ldmatrix address for k-tile 0 and its step per k-tile; gemv_wait_rows waits.
+template <int WARPS>
+__device__ __forceinline__ void gemv_copy_rows(const GemmParams& p, uint8_t* smem, uint32_t& a_base,
+                                               uint32_t& a_step) {
+  const int lane = threadIdx.x & 31;
+  uint8_t* act = smem + GEMV_HEADER;
+  const int row_bytes = p.K + 16;  // +16: ldmatrix's 8 row addresses fall in distinct banks
+#if __CUDA_ARCH__ >= 900
+  const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(smem + 16));
+  if (threadIdx.x == 0) {
+    mbarrier_init(bar);
+    mbarrier_expect_tx(bar, static_cast<uint32_t>(p.M * p.K));
+  }
+  const uint32_t rank = cluster_rank(), blocks = cluster_size();
+  cluster_sync();  // every block's mbarrier is set up before any row is multicast to it
+  for (int row = rank + blocks * threadIdx.x; row < p.M; row += blocks * WARPS * 32)
+    bulk_copy(static_cast<uint32_t>(__cvta_generic_to_shared(act + row * row_bytes)),
+              p.qx + static_cast<size_t>(row) * p.K, p.K, bar, static_cast<uint16_t>((1u << blocks) - 1));
+#else
+  const int row_pieces = p.K / 16;
+  for (int i = threadIdx.x; i < p.M * row_pieces; i += WARPS * 32) {
+    const int row = i / row_pieces, piece = i % row_pieces;
+    cp_async16(act + row * row_bytes + piece * 16, p.qx + static_cast<size_t>(row) * p.K + piece * 16, true);
+  }
+  cp_async_commit();
+#endif
+  if (threadIdx.x < 4) reinterpret_cast<uint32_t*>(smem)[threadIdx.x] = 0u;
+  // ldmatrix rows: lane l gives row (l % 8) + 8 ((l / 8) % 2), bytes 16 (l / 16) of a k-tile
+  const int row = (lane & 7) + 8 * ((lane >> 3) & 1);
+  const bool real = row < p.M;
+  a_base = static_cast<uint32_t>(__cvta_generic_to_shared(real ? act + row * row_bytes + 16 * (lane >> 4) : smem));
+  a_step = real ? 32 : 0;
+}
+
+// The rows (and, before Hopper, every thread's pieces of them) and the header's zeros are in.
+__device__ __forceinline__ void gemv_wait_rows(uint8_t* smem) {
+#if __CUDA_ARCH__ >= 900
+  mbarrier_wait(static_cast<uint32_t>(__cvta_generic_to_shared(smem + 16)), 0);
+#else
+  cp_async_wait<0>();
+#endif
+  __syncthreads();
+}
+
 // One warp's run of RUN consecutive k-tiles: the packed weights and the scale words of
 // the groups it spans (GROUP = 0: per channel, no scales).
 template <int GROUP, int RUN>
@@ -121,40 +167,9 @@ __global__ void __launch_bounds__(WARPS * 32, MT == 1 ? 16 / WARPS : 1) gemm_gem
   if constexpr (!ACT_COPY_FIRST) gemv_load_run<GROUP, RUN>(p, ping, tiles, scale_col, first, k_tiles);
   uint32_t a_base = 0, a_step = 0;
   if constexpr (MT == 1) {
-    uint8_t* act = smem + GEMV_HEADER;
-    const int row_bytes = p.K + 16;  // +16: ldmatrix's 8 row addresses fall in distinct banks
-#if __CUDA_ARCH__ >= 900
-    const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(smem + 16));
-    if (threadIdx.x == 0) {
-      mbarrier_init(bar);
-      mbarrier_expect_tx(bar, static_cast<uint32_t>(p.M * p.K));
-    }
-    const uint32_t rank = cluster_rank(), blocks = cluster_size();
-    cluster_sync();  // every block's mbarrier is set up before any row is multicast to it
-    for (int row = rank + blocks * threadIdx.x; row < p.M; row += blocks * WARPS * 32)
-      bulk_copy(static_cast<uint32_t>(__cvta_generic_to_shared(act + row * row_bytes)),
-                p.qx + static_cast<size_t>(row) * p.K, p.K, bar, static_cast<uint16_t>((1u << blocks) - 1));
-#else
-    const int row_pieces = p.K / 16;
-    for (int i = threadIdx.x; i < p.M * row_pieces; i += WARPS * 32) {
-      const int row = i / row_pieces, piece = i % row_pieces;
-      cp_async16(act + row * row_bytes + piece * 16, p.qx + static_cast<size_t>(row) * p.K + piece * 16, true);
-    }
-    cp_async_commit();
-#endif
-    if (threadIdx.x < 4) reinterpret_cast<uint32_t*>(smem)[threadIdx.x] = 0u;
-    // ldmatrix rows: lane l gives row (l % 8) + 8 ((l / 8) % 2), bytes 16 (l / 16) of a k-tile
-    const int row = (lane & 7) + 8 * ((lane >> 3) & 1);
-    const bool real = row < p.M;
-    a_base = static_cast<uint32_t>(__cvta_generic_to_shared(real ? act + row * row_bytes + 16 * (lane >> 4) : smem));
-    a_step = real ? 32 : 0;
+    gemv_copy_rows<WARPS>(p, smem, a_base, a_step);
     if constexpr (ACT_COPY_FIRST) gemv_load_run<GROUP, RUN>(p, ping, tiles, scale_col, first, k_tiles);
-#if __CUDA_ARCH__ >= 900
-    mbarrier_wait(bar, 0);
-#else
-    cp_async_wait<0>();
-#endif
-    __syncthreads();  // the zeros are in (and, before Hopper, every thread's activation pieces)
+    gemv_wait_rows(smem);
   }
 
   // Ping-pong between two runs: the next run's loads are in flight while this one computes.

@@ -15,9 +15,11 @@ enum Variant {
   // Hopper wgmma kernels (every id from 7 on), named by block: channels x tokens; K2: two warpgroups
   // split the block's K range
   WG128X64 = 7, WG128X128 = 8, WG64X64 = 9, WG64X64_K2 = 10, WG128X64_K2 = 11,
+  GEMV16P = 12,  // persistent GEMV: one 16-warp block per SM, M <= 16
 };
-constexpr int LAST_VARIANT = WG128X64_K2;
+constexpr int LAST_VARIANT = GEMV16P;
 constexpr int GEMV_MAX_M = 64;
+constexpr int GEMVP_MAX_M = 16;
 constexpr int GROUP_MULTIPLE = 64;  // the tiled kernels read one s2/-z row per 64 k
 
 struct GemmParams {

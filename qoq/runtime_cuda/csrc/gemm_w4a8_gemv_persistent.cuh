@@ -1,0 +1,95 @@
+// The persistent GEMV (M <= 16): one block of 16 warps per SM stages the activation rows once, then
+// takes the 32-column blocks blockIdx.x, + gridDim.x, ... Its warps' ping-pong runs go on across
+// column blocks without draining, so a grid of more column blocks than SMs (qkv_proj, gate_up_proj)
+// pays the row copies and the wait for them once per SM, not once per column block, and has no
+// second, partly filled wave of blocks (qkv: 384 column blocks over 132 SMs is 3 or 2 per SM, where
+// 2 staged blocks per SM left a wave of 120 blocks running alone).
+#pragma once
+
+#include "gemm_w4a8_gemv.cuh"
+
+namespace qoq_gemm {
+
+constexpr int GEMVP_WARPS = 16;
+constexpr int GEMVP_SUMS = 2 * 16 * 32 * 4;  // two [16 accumulator slots][32 lanes] int32 buffers
+
+// Shared memory: the header, the [M][K + 16] activation rows, then the column sums' two buffers.
+__host__ __device__ constexpr int gemvp_smem_bytes(int m, int k) { return GEMV_HEADER + m * (k + 16) + GEMVP_SUMS; }
+
+// The end of a column block: every warp adds its K slices' sums into `sums` (shared-memory atomics,
+// exact in any order), then 256 threads store the 32 columns x M rows and zero the buffer again. The
+// caller alternates two buffers, so the next column block's adds never meet this one's reads: they
+// come after the next barrier, which every thread reaches only after its reads here.
+__device__ __forceinline__ void gemvp_store_columns(const GemmParams& p, int n0, int* sums, int (&acc)[1][4][4],
+                                                    int (&offset)[1][4]) {
+  const int lane = threadIdx.x & 31;
+  const int slots = p.M > 8 ? 4 : 2;  // slots 2, 3 of each column group hold rows 8..15
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      if (r < slots) atomicAdd(&sums[(j * 4 + r) * 32 + lane], acc[0][j][r] - offset[0][r]);
+      acc[0][j][r] = 0;
+    }
+#pragma unroll
+  for (int r = 0; r < 4; ++r) offset[0][r] = 0;
+  __syncthreads();
+  if (threadIdx.x < 256) {  // pair (r, r+1) of one lane: neighbouring columns of one row
+    const int slot_lane = threadIdx.x & 31, pair = threadIdx.x >> 5;  // pair = j * 2 + h
+    const int j = pair >> 1, h = pair & 1;
+    int* at = sums + (j * 4 + 2 * h) * 32 + slot_lane;
+    const int row = (slot_lane >> 2) + 8 * h, col = n0 * 32 + j * 8 + 2 * (slot_lane & 3);
+    if (row < p.M) {
+      store_pair(p, row, col, at[0], at[32]);
+      at[0] = 0, at[32] = 0;
+    }
+  }
+}
+
+template <int GROUP>
+__global__ void __launch_bounds__(GEMVP_WARPS * 32, 1) gemm_gemv_persistent_kernel(const GemmParams p) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  constexpr int RUN = gemv_run(GEMVP_WARPS), STRIDE = GEMVP_WARPS * RUN;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int k_tiles = p.K / 32, col_blocks = p.N / 32;
+  int* sums = reinterpret_cast<int*>(smem + GEMV_HEADER + p.M * (p.K + 16));  // [2][16][32]
+  for (int i = threadIdx.x; i < GEMVP_SUMS / 4; i += GEMVP_WARPS * 32) sums[i] = 0;  // seen after the wait
+
+  // A run: column block n0, k-tiles first .. first + RUN - 1. Each warp has >= 1 run per column block
+  // (an empty one where warp * RUN >= k_tiles), so every warp reaches every column block's barrier.
+  const auto load = [&](GemvRun<GROUP, RUN>& run, int n0, int first) {
+    const uint8_t* tiles = p.qweight + static_cast<size_t>(n0) * k_tiles * 512 + lane * 16;
+    gemv_load_run<GROUP, RUN>(p, run, tiles, static_cast<size_t>(n0) * 32 + 4 * (lane >> 2), first, k_tiles);
+  };
+  const auto next = [&](int& n0, int& first) {
+    first += STRIDE;
+    if (first >= k_tiles) n0 += gridDim.x, first = warp * RUN;
+  };
+
+  uint32_t a_base = 0, a_step = 0;
+  gemv_copy_rows<GEMVP_WARPS>(p, smem, a_base, a_step);  // rows first: faster in one-wave grids
+  GemvRun<GROUP, RUN> ping, pong;
+  int n0 = blockIdx.x, first = warp * RUN, buffer = 0;
+  load(ping, n0, first);
+  gemv_wait_rows(smem);
+
+  int acc[1][4][4] = {}, offset[1][4] = {};
+  for (;;) {  // ping-pong: the next run's loads are in flight while this one computes
+    int n1 = n0, first1 = first;
+    next(n1, first1);
+    if (n1 < col_blocks) load(pong, n1, first1);
+    gemv_compute_run<1, GROUP, RUN>(p, ping, first, k_tiles, a_base, a_step, acc, offset);
+    if (n1 != n0) gemvp_store_columns(p, n0, sums + buffer * 512, acc, offset), buffer ^= 1;
+    if (n1 >= col_blocks) break;
+
+    n0 = n1, first = first1;
+    next(n1, first1);
+    if (n1 < col_blocks) load(ping, n1, first1);
+    gemv_compute_run<1, GROUP, RUN>(p, pong, first, k_tiles, a_base, a_step, acc, offset);
+    if (n1 != n0) gemvp_store_columns(p, n0, sums + buffer * 512, acc, offset), buffer ^= 1;
+    if (n1 >= col_blocks) break;
+    n0 = n1, first = first1;
+  }
+}
+
+}  // namespace qoq_gemm
