@@ -61,6 +61,13 @@ def auto_variant(m: int, n: int, k: int, group: int, multiprocessors: int, hoppe
     # for a single token (o_proj g128 M=1 5.16 vs 5.68 us; at M=16 the 8-warp GEMV, 6.07 vs 6.32).
     if gemv_ok and m <= 16 and n // 32 <= multiprocessors and (k >= 8192 or m == 1):
         return "gemv16"
+    # Several 32-column blocks per SM, spread evenly (>= 95% of the SMs busy in the last round; qkv_proj:
+    # 384 over 132 SMs): the persistent GEMV stages the rows once per SM (qkv g128 M=16 13.44 vs 14.0 us;
+    # M=4 12.3 vs 13.1 in bench/results/ab_h200/gemv_sweep_m1_4_16.json; at M=1 the 8-warp GEMV, 11.8 vs
+    # 12.2). gate_up_proj's 688 leave the sixth round 21% full: the 8-warp GEMV wins (M=16 20.7 vs 22.5).
+    per_sm = -(-(n // 32) // multiprocessors)
+    if gemv_ok and 4 <= m <= GEMVP_MAX_M and per_sm > 1 and n // 32 >= 0.95 * per_sm * multiprocessors:
+        return "gemv16p"
     if gemv_ok and (m <= 32 or (m <= GEMV_MAX_M and n <= 4096 and k <= 4096)):  # M=64 down_proj: tiled64w
         return "gemv"
     if hopper:
