@@ -219,7 +219,7 @@ def save(result, out: Path):
     print(json.dumps(result["summary"], indent=1))
 
 
-SWEEP = [(1, 512), (1, 1536), (1, 4096), (16, 1536), (16, 4096)]  # (batch, length)
+SWEEP = [(1, 512), (1, 1536), (1, 4096), (16, 512), (16, 1536), (16, 4096)]  # (batch, length)
 
 
 def split_sweep() -> list[dict]:

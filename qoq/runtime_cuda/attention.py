@@ -32,14 +32,22 @@ def _num_sms(device_index: int) -> int:
 
 
 def split_plan(batch: int, num_kv_heads: int, max_seq_len: int, num_sms: int, num_splits: int | None = None):
-    """-> (num_splits, pages_per_split). Without num_splits: about one (sequence, KV head, split) CTA
-    per SM when the batch alone gives fewer; a split of a short sequence (<= SHORT_PAGES pages) is one
-    page, longer ones get at least 3 pages each (more splits cost more partial results and a longer
-    merge; swept on H200: split_sweep in bench/results/attention_h200.json)."""
+    """-> (num_splits, pages_per_split). Without num_splits: a short sequence (<= SHORT_PAGES pages) is
+    not split, its splits' merge costing more than they save; a longer one gets up to two (sequence, KV
+    head, split) CTAs per SM where the batch alone gives fewer, at least 3 pages a split, or at least 32
+    where the unsplit grid already fills half the SMs, rounded down to a power of two (at B1, 3 and 6
+    splits time slower than 4). Swept on H200 (split_sweep in bench/results/attention_h200.json), us:
+    Llama-3 B1 L512 6.5 unsplit vs 7.0 in 8; B16 L1536 14.3 unsplit vs 15.6 in 2; B16 L4096 28.7 in 2
+    vs 30.7 unsplit; Llama-2 B1 L1536 8.3 in 8 vs 8.6 in 4 (9.6 in 5 in the previous committed run)."""
     max_pages = max(1, math.ceil(max_seq_len / PAGE_TOKENS))
     if num_splits is None:
-        min_pages = 1 if max_pages <= SHORT_PAGES else 3
-        num_splits = min(math.ceil(num_sms / (batch * num_kv_heads)), math.ceil(max_pages / min_pages))
+        ctas = batch * num_kv_heads
+        if max_pages <= SHORT_PAGES:
+            num_splits = 1
+        else:
+            min_pages = 3 if 2 * ctas <= num_sms else 32
+            wanted = min(math.ceil(2 * num_sms / ctas), math.ceil(max_pages / min_pages))
+            num_splits = 1 << (wanted.bit_length() - 1)
     num_splits = max(1, min(num_splits, MAX_SPLITS, max_pages))
     pages_per_split = math.ceil(max_pages / num_splits)
     return math.ceil(max_pages / pages_per_split), pages_per_split

@@ -167,8 +167,11 @@ def test_decode_launch_plans():
 
     sms = 132
     assert split_plan(64, 32, 1536, sms) == (1, 24)  # 2048 CTAs: no split
-    assert split_plan(1, 8, 4096, sms) == (16, 4)  # B=1: about one CTA per SM, >= 3 pages each
-    assert split_plan(1, 8, 300, sms) == (5, 1)  # a short sequence splits by single pages
+    assert split_plan(1, 8, 4096, sms) == (16, 4)  # B=1: up to two CTAs per SM, >= 3 pages each, a power of 2
+    assert split_plan(1, 32, 1536, sms) == (8, 3)
+    assert split_plan(1, 8, 300, sms) == (1, 5)  # a short sequence is not split
+    assert split_plan(16, 8, 1536, sms) == (1, 24)  # 128 CTAs fill half the SMs: splits need >= 32 pages
+    assert split_plan(16, 8, 4096, sms) == (2, 32)
     # three ring slots once the grid is two or more waves of 4 CTAs per SM
     assert plan_stages(64, 32, 1, 128, sms) == 3  # Llama-2-7B B=64: 2048 CTAs
     assert plan_stages(64, 8, 1, 128, sms) == 2  # Llama-3-8B B=64: 512 CTAs, one wave
