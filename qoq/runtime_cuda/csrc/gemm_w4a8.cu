@@ -169,10 +169,11 @@ static void launch_gemvp(const GemmParams& p, int smem_limit, cudaStream_t strea
   C10_CUDA_CHECK(cudaLaunchKernelEx(&config, gemm_gemv_persistent_kernel<GROUP>, p));
 }
 
-// Rows that do not fit shared memory (K beyond ~13500 at M = 16) go to the 16-warp GEMV.
+// Rows that do not fit shared memory (K beyond ~14000 at M = 16) go to the 8-warp GEMV, the faster one
+// in the multi-wave grids auto_variant gives gemv16p.
 static void dispatch_gemvp(const GemmParams& p, cudaStream_t stream) {
   const int limit = smem_optin();
-  if (gemvp_smem_bytes(p.M, p.K) > limit) return dispatch_gemv_group<16>(p, stream);
+  if (gemvp_smem_bytes(p.M, p.K) > limit) return dispatch_gemv_group<8>(p, stream);
   if (p.group == 0) return launch_gemvp<0>(p, limit, stream);
   return p.group == 64 ? launch_gemvp<64>(p, limit, stream) : launch_gemvp<128>(p, limit, stream);
 }
