@@ -74,21 +74,17 @@ __global__ void __launch_bounds__(GEMVP_WARPS * 32, 1) gemm_gemv_persistent_kern
   gemv_wait_rows(smem);
 
   int acc[1][4][4] = {}, offset[1][4] = {};
-  for (;;) {  // ping-pong: the next run's loads are in flight while this one computes
+  // One run: the next one's loads go out into `after` while `run` computes; false after the last.
+  const auto step = [&](const GemvRun<GROUP, RUN>& run, GemvRun<GROUP, RUN>& after) {
     int n1 = n0, first1 = first;
     next(n1, first1);
-    if (n1 < col_blocks) load(pong, n1, first1);
-    gemv_compute_run<1, GROUP, RUN>(p, ping, first, k_tiles, a_base, a_step, acc, offset);
+    if (n1 < col_blocks) load(after, n1, first1);
+    gemv_compute_run<1, GROUP, RUN>(p, run, first, k_tiles, a_base, a_step, acc, offset);
     if (n1 != n0) gemvp_store_columns(p, n0, sums + buffer * 512, acc, offset), buffer ^= 1;
-    if (n1 >= col_blocks) break;
-
     n0 = n1, first = first1;
-    next(n1, first1);
-    if (n1 < col_blocks) load(ping, n1, first1);
-    gemv_compute_run<1, GROUP, RUN>(p, pong, first, k_tiles, a_base, a_step, acc, offset);
-    if (n1 != n0) gemvp_store_columns(p, n0, sums + buffer * 512, acc, offset), buffer ^= 1;
-    if (n1 >= col_blocks) break;
-    n0 = n1, first = first1;
+    return n0 < col_blocks;
+  };
+  while (step(ping, pong) && step(pong, ping)) {
   }
 }
 
