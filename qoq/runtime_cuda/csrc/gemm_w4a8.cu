@@ -101,22 +101,29 @@ static int gemv_cluster(const GemmParams& p, int mt) {
   return shared && is_hopper() ? GEMV_CLUSTER : 1;
 }
 
+// A 1-D grid of `blocks`, in clusters of `cluster` blocks (1: a plain launch, as before Hopper).
+template <typename Kernel>
+static void launch_clustered(Kernel kernel, const GemmParams& p, int blocks, int threads, int smem, int cluster,
+                             cudaStream_t stream) {
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim = {static_cast<unsigned>(cluster), 1, 1};
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(blocks);
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = &attr;
+  config.numAttrs = cluster > 1 ? 1 : 0;
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p));
+}
+
 template <int MT, int GROUP, int WARPS, bool ACT_FIRST = false>
 static void launch_gemv(const GemmParams& p, int smem_limit, cudaStream_t stream) {
   static bool configured = false;
   allow_smem(gemm_gemv_kernel<MT, GROUP, WARPS, ACT_FIRST>, smem_limit, configured);
-  const int blocks_per_cluster = gemv_cluster(p, MT);
-  cudaLaunchAttribute cluster{};
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim = {static_cast<unsigned>(blocks_per_cluster), 1, 1};
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(p.N / 32);
-  config.blockDim = dim3(WARPS * 32);
-  config.dynamicSmemBytes = gemv_smem_bytes(MT, WARPS, p.M, p.K);
-  config.stream = stream;
-  config.attrs = &cluster;
-  config.numAttrs = blocks_per_cluster > 1 ? 1 : 0;  // no cluster launches before Hopper
-  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, gemm_gemv_kernel<MT, GROUP, WARPS, ACT_FIRST>, p));
+  launch_clustered(gemm_gemv_kernel<MT, GROUP, WARPS, ACT_FIRST>, p, p.N / 32, WARPS * 32,
+                   gemv_smem_bytes(MT, WARPS, p.M, p.K), gemv_cluster(p, MT), stream);
 }
 
 // Whether a staged GEMV (M <= 16) copies its activation rows before its first weight loads. Same-call
@@ -156,17 +163,8 @@ static void launch_gemvp(const GemmParams& p, int smem_limit, cudaStream_t strea
   int blocks = std::min(multiprocessors(), p.N / 32);
   const bool pairs = p.M >= GEMV_CLUSTER_MIN_M && blocks >= GEMV_CLUSTER && is_hopper();
   if (pairs) blocks -= blocks % GEMV_CLUSTER;
-  cudaLaunchAttribute cluster{};
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim = {static_cast<unsigned>(pairs ? GEMV_CLUSTER : 1), 1, 1};
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(blocks);
-  config.blockDim = dim3(GEMVP_WARPS * 32);
-  config.dynamicSmemBytes = gemvp_smem_bytes(p.M, p.K);
-  config.stream = stream;
-  config.attrs = &cluster;
-  config.numAttrs = pairs ? 1 : 0;
-  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, gemm_gemv_persistent_kernel<GROUP>, p));
+  launch_clustered(gemm_gemv_persistent_kernel<GROUP>, p, blocks, GEMVP_WARPS * 32, gemvp_smem_bytes(p.M, p.K),
+                   pairs ? GEMV_CLUSTER : 1, stream);
 }
 
 // Rows that do not fit shared memory (K beyond ~14000 at M = 16) go to the 8-warp GEMV, the faster one
