@@ -28,16 +28,13 @@ from qoq.runtime_cuda.build import build_tree  # noqa: E402
 
 LLAMA2 = ((4096, 4096), (12288, 4096), (22016, 4096), (4096, 11008))  # o, qkv, gate_up, down (N, K)
 CASES = {  # (N, K, M, group, variant)
-    # wgmma tiles whose code a change may move, at the shapes that showed it
-    "wgmma": [(4096, 11008, 2048, 128, "wg128x128"), (4096, 11008, 2048, -1, "wg128x128"),
-              (12288, 4096, 2048, 128, "wg128x128"), (4096, 11008, 1024, 128, "wg128x128"),
-              (4096, 4096, 256, 128, "wg64x64"), (22016, 4096, 256, 128, "wg128x64"),
-              (4096, 4096, 2048, 128, "wg128x128"), (22016, 4096, 2048, 128, "wg128x128")],
+    # the wgmma tiles auto_variant picks at M = 256 and 2048 (H200: 132 SMs), per group and per channel
+    "wgmma": [(n, k, m, g, gemm.auto_variant(m, n, k, g, 132, True))
+              for n, k in LLAMA2 for m in (256, 2048) for g in (128, -1)],
     # the two-warpgroup tiles where auto_variant picks them
     "k2": [(4096, 4096, 256, 128, "wg64x64k2"), (4096, 4096, 256, -1, "wg64x64k2"),
            (4096, 11008, 256, 128, "wg64x64k2"), (4096, 11008, 256, -1, "wg64x64k2"),
-           (12288, 4096, 64, 128, "wg64x64k2"), (4096, 4096, 512, 128, "wg128x64k2"),
-           (4096, 11008, 512, 128, "wg128x64k2"), (4096, 11008, 512, -1, "wg128x64k2")],
+           (12288, 4096, 64, 128, "wg64x64k2"), (12288, 4096, 64, -1, "wg64x64k2")],
     # the GEMV auto_variant picks at M <= 32 (H200: 132 SMs)
     "gemv": [(n, k, m, g, gemm.auto_variant(m, n, k, g, 132, True))
              for n, k in LLAMA2 for m in (1, 4, 16, 32) for g in (128, -1)],

@@ -20,12 +20,13 @@ SOURCES = ("gemm_w4a8.cu", "quant_act.cu", "gemm_bindings.cpp")
 # persistent, one 16-warp block per SM staging the rows once for all its column blocks; per group the
 # weights dequantize to biased u8) and tiled MMA kernels with 64- or 128-row blocks; the "w" tiled
 # kernels use 4 warps with BM x 32 warp tiles, so each weight fragment is dequantized once per block;
-# the "wg" kernels (Hopper only) use wgmma with the weights as the register operand, named by block
-# tile (channels x tokens), "k2" with two warpgroups splitting each block's K range (more loads and
-# wgmmas in flight where the grid leaves warp slots empty). Grids below one wave split K (int32
-# partial sums added atomically).
-VARIANTS = {"gemv": 1, "gemv16": 6, "gemv16p": 12, "tiled64": 2, "tiled128": 3, "tiled128w": 4, "tiled64w": 5,
-            "wg128x64": 7, "wg128x128": 8, "wg64x64": 9, "wg64x64k2": 10, "wg128x64k2": 11}
+# the "wg" kernels (Hopper only) use wgmma with the weights as the register operand, fed by tensor-map
+# copies and pipelined (the next k-step dequantizes while this one's wgmmas run), named by block tile
+# (channels x tokens), "k2" with two warpgroups splitting each block's K range (more loads and wgmmas in
+# flight where the grid leaves warp slots empty). Grids below one wave split K (int32 partial sums
+# added atomically).
+VARIANTS = {"gemv": 1, "gemv16": 6, "gemv16p": 11, "tiled64": 2, "tiled128": 3, "tiled128w": 4, "tiled64w": 5,
+            "wg128x64": 7, "wg128x128": 8, "wg64x64": 9, "wg64x64k2": 10}
 GEMV_MAX_M = 64
 GEMVP_MAX_M = 16  # the persistent GEMV stages at most 16 activation rows
 WGMMA_IDS = {i for v, i in VARIANTS.items() if v.startswith("wg")}
@@ -72,22 +73,22 @@ def auto_variant(m: int, n: int, k: int, group: int, multiprocessors: int, hoppe
         return "gemv"
     if hopper:
         # Fewest waves (blocks / (blocks per SM x SMs), rounded up), each weighted by a wave's time
-        # relative to wg128x64's (fit to bench/gemm_h200.py's sweeps on the H200; per-channel weights
-        # dequantize faster, so the larger tiles' waves weigh more there). The k2 blocks hold two
-        # warpgroups, so two fit an SM where one-warpgroup blocks fit 3-4: they pay where a grid would
-        # leave warp slots empty (M = 256 at N = 4096: 256 blocks of 64x64). Only tiles that fill the
-        # chip unsplit: their split-K atomics cost more than the tiled kernels'. wg64x64 counts 3 blocks
-        # per SM although 4 fit: a grid that fills the fourth slots (M = 512 at N = 4096) ran 14% slower
-        # than one wave of wg128x64k2.
-        per_channel = group == -1
-        waves = {"wg128x128": (128, 128, 2, 1.25 if per_channel else 1.13), "wg128x64": (128, 64, 3, 1.0),
-                 "wg64x64": (64, 64, 3, 0.76 if per_channel else 0.86),
-                 "wg128x64k2": (128, 64, 2, 0.93 if per_channel else 0.96),
-                 "wg64x64k2": (64, 64, 2, 0.69 if per_channel else 0.75)}
+        # relative to wg128x64's (fit to the H200 sweep of the pipelined kernels, M = 128..2048, where it
+        # picks the fastest wgmma tile of every row, per group and per channel): a wave of 64x64 blocks
+        # takes about half as long, one of 128x128 blocks about as long, since those run 2 per SM (218-237
+        # registers) where 128x64 runs 3. The k2 blocks hold two warpgroups, so two fit an SM: they pay
+        # where a grid would leave warp slots empty (M = 256 at N = 4096: 256 blocks of 64x64). Only
+        # tiles that fill the chip unsplit, as their split-K atomics cost more than the tiled kernels',
+        # except for long K with a grid just short of one wave (M = 128 down_proj g128: 128 blocks,
+        # wg64x64k2 split 3 ways 39.8 us vs tiled64w 44.3; o_proj, K = 4096: tiled64w 26.2 vs 30.8).
+        # wg64x64 counts 3 blocks per SM although 4 fit: a grid that fills the fourth slots (M = 512 at
+        # N = 4096) ran 7% slower than wg128x64 (per channel 22.3 vs 20.8 us).
+        waves = {"wg128x128": (128, 128, 2, 1.01), "wg128x64": (128, 64, 3, 1.0), "wg64x64": (64, 64, 3, 0.53),
+                 "wg64x64k2": (64, 64, 2, 0.5)}
         options = []
         for variant, (rows, tokens, per_sm, cost) in waves.items():
             blocks = -(-m // tokens) * -(-n // rows)
-            if blocks >= multiprocessors:
+            if blocks >= multiprocessors or (k >= 8192 and blocks >= 0.9 * multiprocessors):
                 options.append((-(-blocks // (per_sm * multiprocessors)) * cost, variant))
         if options:
             return min(options)[1]

@@ -49,6 +49,22 @@ __device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_
   }
 }
 
+// One box of a 2-D tensor map (its swizzle applied; coordinates innermost first, out-of-bounds
+// elements read as zeros) into shared memory, counted on the mbarrier.
+__device__ __forceinline__ void tensor_copy_2d(uint32_t dst, const void* map, int c0, int c1, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+      ::"r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(bar) : "memory");
+}
+
+// One box of a 4-D tensor map (no swizzle: the box lands densely, innermost dimension first).
+__device__ __forceinline__ void tensor_copy_4d(uint32_t dst, const void* map, int c0, int c1, int c2, int c3,
+                                               uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n"
+      ::"r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar) : "memory");
+}
+
 __device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
   uint32_t done = 0;
   while (!done) {

@@ -58,7 +58,7 @@ Problem check_gemm(qoq_gemm::GemmParams& p, const at::Tensor& qx, const Opt& s_x
   if (grouped && szero.has_value()) return "give per-group (s2) or per-channel (szero) terms, not both";
   if (variant < qoq_gemm::GEMV || variant > qoq_gemm::LAST_VARIANT)
     return text("unknown GEMM variant ", variant, " (see qoq/runtime_cuda/gemm.py's VARIANTS)");
-  const bool wgmma = variant >= qoq_gemm::WG128X64 && variant <= qoq_gemm::WG128X64_K2;
+  const bool wgmma = variant >= qoq_gemm::WG128X64 && variant <= qoq_gemm::WG64X64_K2;
   if (wgmma && at::cuda::getDeviceProperties(qx.get_device())->major != 9)
     return "the wgmma variants need a Hopper GPU (sm_90)";
   const bool gemv = variant == qoq_gemm::GEMV || variant == qoq_gemm::GEMV16 || variant == qoq_gemm::GEMV16P;

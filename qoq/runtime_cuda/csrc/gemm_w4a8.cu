@@ -6,6 +6,8 @@
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
+
 #include <algorithm>
 
 #include "gemm_w4a8_gemv.cuh"
@@ -33,9 +35,10 @@ static int k_splits(int blocks, int k_steps) {
 
 // A grid of `tiles` blocks, `k_steps` long, launched with its K split (int32 partial sums added
 // atomically into a zeroed workspace, then the epilogue kernel) when the tiles alone fill < 1 wave.
-template <typename Kernel>
+// `before` are the kernel's arguments ahead of p (the wgmma kernels' tensor maps).
+template <typename Kernel, typename... Before>
 static void launch_split(Kernel kernel, GemmParams p, dim3 tiles, int threads, int smem, int k_steps,
-                         const at::Tensor& like, cudaStream_t stream) {
+                         const at::Tensor& like, cudaStream_t stream, const Before&... before) {
   const int splits = k_splits(static_cast<int>(tiles.x * tiles.y), k_steps);
   p.split_steps = (k_steps + splits - 1) / splits;
   const int z = (k_steps + p.split_steps - 1) / p.split_steps;  // every split gets >= 1 k-step
@@ -44,7 +47,7 @@ static void launch_split(Kernel kernel, GemmParams p, dim3 tiles, int threads, i
     sums = at::zeros({p.M, p.N}, like.options().dtype(at::kInt));
     p.split_acc = sums.data_ptr<int32_t>();
   }
-  kernel<<<dim3(tiles.x, tiles.y, z), threads, smem, stream>>>(p);
+  kernel<<<dim3(tiles.x, tiles.y, z), threads, smem, stream>>>(before..., p);
   if (z > 1) {
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     const int pairs = p.M * p.N / 2, per_block = 256;
@@ -70,14 +73,63 @@ static void launch_tiled(const GemmParams& p, const at::Tensor& like, cudaStream
                (p.K + TILED_BK - 1) / TILED_BK, like, stream);
 }
 
-template <int ROWS, int BT, int STAGES, bool GROUPED, int KW = 1>
+// The driver's tensor-map encoder, through the runtime (no libcuda link).
+static PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const auto encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    C10_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found));
+    TORCH_CHECK(found == cudaDriverEntryPointSuccess && fn != nullptr, "cuTensorMapEncodeTiled not found");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  return encode;
+}
+
+// A byte tensor of RANK dims (innermost first; strides in bytes of dims 1..) read in `box` boxes.
+template <int RANK>
+static CUtensorMap byte_tensor_map(const void* base, const cuuint64_t (&dims)[RANK], const cuuint64_t (&strides)[RANK - 1],
+                                   const cuuint32_t (&box)[RANK], CUtensorMapSwizzle swizzle) {
+  CUtensorMap map;
+  cuuint32_t unit[RANK];
+  std::fill(unit, unit + RANK, 1u);
+  const CUresult result = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, RANK, const_cast<void*>(base), dims,
+                                               strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
+                                               CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  TORCH_CHECK(result == CUDA_SUCCESS, "cuTensorMapEncodeTiled failed (CUresult ", static_cast<int>(result), ")");
+  return map;
+}
+
+// The activations [M, K] in [bt tokens][128 k] boxes, 128-byte swizzled as the wgmma B operand reads
+// them; the weights [N/32 n-tiles][K/32 k-tiles][2][256 B] in boxes of one k-step's tiles of `rows`
+// channels (the 512-byte tile is split in two: a box dimension holds at most 256 elements).
+static CUtensorMap activation_map(const GemmParams& p, int bt) {
+  return byte_tensor_map<2>(p.qx, {static_cast<cuuint64_t>(p.K), static_cast<cuuint64_t>(p.M)},
+                            {static_cast<cuuint64_t>(p.K)}, {WG_BK, static_cast<cuuint32_t>(bt)},
+                            CU_TENSOR_MAP_SWIZZLE_128B);
+}
+
+static CUtensorMap weight_map(const GemmParams& p, int rows) {
+  const cuuint64_t k_tiles = p.K / 32;
+  return byte_tensor_map<4>(p.qweight, {256, 2, k_tiles, static_cast<cuuint64_t>(p.N / 32)}, {256, 512, k_tiles * 512},
+                            {256, 2, WG_BK / 32, static_cast<cuuint32_t>(rows / 32)}, CU_TENSOR_MAP_SWIZZLE_NONE);
+}
+
+template <int ROWS, int BT, int STAGES, int SCALE_ROWS, int KW>
 static void launch_wgmma(const GemmParams& p, const at::Tensor& like, cudaStream_t stream) {
   constexpr int smem = WgmmaSmem<ROWS, BT, STAGES, KW>::TOTAL;
   static bool configured = false;
-  allow_smem(gemm_wgmma_kernel<ROWS, BT, STAGES, GROUPED, KW>, smem, configured);
+  allow_smem(gemm_wgmma_kernel<ROWS, BT, STAGES, SCALE_ROWS, KW>, smem, configured);
   const dim3 tiles((p.M + BT - 1) / BT, (p.N + ROWS - 1) / ROWS);
-  launch_split(gemm_wgmma_kernel<ROWS, BT, STAGES, GROUPED, KW>, p, tiles, KW * WG_THREADS, smem,
-               (p.K + WG_BK - 1) / WG_BK, like, stream);
+  launch_split(gemm_wgmma_kernel<ROWS, BT, STAGES, SCALE_ROWS, KW>, p, tiles, KW * WG_THREADS, smem,
+               (p.K + WG_BK - 1) / WG_BK, like, stream, activation_map(p, BT), weight_map(p, ROWS));
+}
+
+// Per group a k-step of WG_BK spans one s2 / -z row where the group is a multiple of it, else two.
+template <int ROWS, int BT, int STAGES, bool GROUPED, int KW = 1>
+static void dispatch_wgmma(const GemmParams& p, const at::Tensor& like, cudaStream_t stream) {
+  if constexpr (!GROUPED) return launch_wgmma<ROWS, BT, STAGES, 0, KW>(p, like, stream);
+  else if (p.group % WG_BK == 0) return launch_wgmma<ROWS, BT, STAGES, 1, KW>(p, like, stream);
+  else return launch_wgmma<ROWS, BT, STAGES, 2, KW>(p, like, stream);
 }
 
 static int smem_optin() {
@@ -195,15 +247,13 @@ static void dispatch(const GemmParams& p, Variant variant, const at::Tensor& lik
     case TILED64_WIDE:
       return launch_tiled<64, 1, GROUPED>(p, like, stream);
     case WG128X64:
-      return launch_wgmma<128, 64, 4, GROUPED>(p, like, stream);
+      return dispatch_wgmma<128, 64, 4, GROUPED>(p, like, stream);
     case WG128X128:
-      return launch_wgmma<128, 128, 4, GROUPED>(p, like, stream);
+      return dispatch_wgmma<128, 128, 4, GROUPED>(p, like, stream);
     case WG64X64:
-      return launch_wgmma<64, 64, 4, GROUPED>(p, like, stream);
+      return dispatch_wgmma<64, 64, 4, GROUPED>(p, like, stream);
     case WG64X64_K2:
-      return launch_wgmma<64, 64, 4, GROUPED, 2>(p, like, stream);
-    case WG128X64_K2:
-      return launch_wgmma<128, 64, 3, GROUPED, 2>(p, like, stream);
+      return dispatch_wgmma<64, 64, 4, GROUPED, 2>(p, like, stream);
   }
 }
 

@@ -12,10 +12,9 @@ namespace qoq_gemm {
 
 enum Variant {
   GEMV = 1, TILED64 = 2, TILED128 = 3, TILED128_WIDE = 4, TILED64_WIDE = 5, GEMV16 = 6,
-  // Hopper wgmma kernels (every id from 7 on), named by block: channels x tokens; K2: two warpgroups
-  // split the block's K range
-  WG128X64 = 7, WG128X128 = 8, WG64X64 = 9, WG64X64_K2 = 10, WG128X64_K2 = 11,
-  GEMV16P = 12,  // persistent GEMV: one 16-warp block per SM, M <= 16
+  // Hopper wgmma kernels, named by block: channels x tokens; K2: two warpgroups split the block's K range
+  WG128X64 = 7, WG128X128 = 8, WG64X64 = 9, WG64X64_K2 = 10,
+  GEMV16P = 11,  // persistent GEMV: one 16-warp block per SM, M <= 16
 };
 constexpr int LAST_VARIANT = GEMV16P;
 constexpr int GEMV_MAX_M = 64;

@@ -3,15 +3,32 @@
 // D^T = W x X^T: the weights are A (64 channels per wgmma, from registers: each warp dequantizes
 // compute-order 32x32 tiles, whose lane bytes are exactly m16n8k32-shaped A fragments, rows 0-15
 // from the low nibbles and rows 16-31 from the high ones), the int8 activations are B (tokens as
-// wgmma's N, K-major in 128-byte swizzled shared memory, staged by cp.async). A block is one
-// warpgroup: ROWS = 128 channels (warp w: tile w, both nibble halves, two m64 wgmmas per k32) or
-// 64 (warp w: one nibble half of tile w/2, one wgmma), times BT tokens. With KW > 1 warpgroups a
-// block splits its K range among them (k-steps wg, wg + KW, ...; each has its own ring of stages)
-// and adds their sums in the epilogue: a grid too small to fill the SMs' warp slots then still keeps
-// KW times the wgmmas and loads in flight, without the atomics of a split across blocks. The
-// artifact is read as it is: no repacking.
+// wgmma's N, K-major in 128-byte swizzled shared memory). A block is one warpgroup: ROWS = 128
+// channels (warp w: tile w, both nibble halves, two m64 wgmmas per k32) or 64 (warp w: one nibble
+// half of tile w/2, one wgmma), times BT tokens. With KW > 1 warpgroups a block splits its K range
+// among them (k-steps wg, wg + KW, ...; each has its own ring of stages) and adds their sums in the
+// epilogue: a grid too small to fill the SMs' warp slots then still keeps KW times the wgmmas and
+// loads in flight, without the atomics of a split across blocks. The artifact is read as it is.
+//
+// Pipeline: the warpgroup's first thread fills each stage with two tensor-map copies (the activation
+// box with the 128-byte swizzle, the block's weight tiles of the k-step as one box), counted on the
+// stage's mbarrier; the warpgroup's wgmmas of step i still run while it waits for stage i+1 and
+// dequantizes it into the other of two fragment sets. Per group each lane loads its s2 / -z words of
+// the next step from global memory (L2) a step ahead. A stage is refilled once the wgmmas that read
+// it are complete (wait_group 1 after the next step's wgmmas are issued): wgmma is
+// warpgroup-collective, so every warp has by then also read its fragments from that stage.
+//
+// Why (H200): an instrumented build of the previous kernel (every thread cp.async-ing its share of
+// each stage, each step's wgmmas drained before the next; o_proj g128 M=256, 64x64 k2) spent per
+// k-step ~270 cycles issuing copies, ~380 dequantizing and ~510 waiting for its own wgmmas, but only
+// ~30 waiting for data. A first version of this pipeline copied each n-tile and each 64-byte s2 / -z
+// row on its own (3-9 bulk copies a step): per group 6-42% slower than that kernel; with two copies a
+// step and the scale words from L2 it is 4-16% faster per group at M >= 256 and 10-25% per channel.
 #pragma once
 
+#include <cuda.h>  // CUtensorMap
+
+#include "bulk_copy.cuh"
 #include "gemm_w4a8.cuh"
 
 // wgmma exists only on sm_90a; elsewhere the kernel compiles to nothing and the host never picks it.
@@ -26,14 +43,14 @@ namespace qoq_gemm {
 constexpr int WG_BK = 128;       // k per stage: one 128-byte swizzle row of activations per token
 constexpr int WG_THREADS = 128;  // one warpgroup
 
-template <int ROWS, int BT, int STAGES, int KW = 1>
+template <int ROWS, int BT, int STAGES, int KW>
 struct WgmmaSmem {
-  static constexpr int ACT = BT * WG_BK;                        // [BT tokens][128 k], swizzled
-  static constexpr int W = ROWS * WG_BK / 2;                    // ROWS/32 n-tiles x 4 k-tiles x 512 B
-  static constexpr int SCALES = WG_BK / SCALE_SPAN * 2 * ROWS;  // per 64 k: s2 row, -z row
-  static constexpr int STAGE = (ACT + W + SCALES + 1023) / 1024 * 1024;  // swizzle atoms need 1 KB
-  static constexpr int RING = STAGES * STAGE;                    // one warpgroup's stages
-  static constexpr int TOTAL = KW * RING + 1024;                 // + slack to align the base
+  static constexpr int ACT = BT * WG_BK;                  // [BT tokens][128 k], swizzled
+  static constexpr int W = ROWS * WG_BK / 2;              // [ROWS/32 n-tiles][4 k-tiles][512 B]
+  static constexpr int STAGE = (ACT + W + 1023) / 1024 * 1024;  // swizzle atoms need 1 KB
+  static constexpr int RING = STAGES * STAGE;             // one warpgroup's stages
+  static constexpr int BARRIERS = KW * RING;              // then [KW][STAGES] mbarriers
+  static constexpr int TOTAL = BARRIERS + KW * STAGES * 8 + 1024;  // + slack to align the base
 };
 
 #if QOQ_HAS_WGMMA
@@ -44,9 +61,6 @@ template <int PENDING>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(PENDING) : "memory");
 }
-// cp.async wrote the tiles through the generic proxy; wgmma reads them through the async one.
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-
 // Keeps the compiler from moving accumulators across the asynchronous wgmma window.
 template <int R>
 __device__ __forceinline__ void fence_operands(int (&d)[R]) {
@@ -107,186 +121,40 @@ __device__ __forceinline__ void wgmma_m64k32(int (&d)[64], const uint32_t (&a)[4
 #undef QOQ_WGMMA_N128
 }
 
-#endif  // QOQ_HAS_WGMMA
+// Block k-step kt into `stage` (shared address): activations [BT tokens][128 k] and the weight tiles
+// [ROWS/32 n-tiles][4 k-tiles][512 B]; zeros past M, N and K, so a K tail multiplies zeros.
+template <int ROWS, int BT>
+__device__ __forceinline__ void tma_stage(const CUtensorMap& act_map, const CUtensorMap& w_map, uint32_t stage,
+                                          uint32_t bar, int kt, int m_base, int n_base) {
+  mbarrier_expect_tx(bar, WgmmaSmem<ROWS, BT, 1, 1>::ACT + WgmmaSmem<ROWS, BT, 1, 1>::W);
+  tensor_copy_2d(stage, &act_map, kt * WG_BK, m_base, bar);
+  tensor_copy_4d(stage + WgmmaSmem<ROWS, BT, 1, 1>::ACT, &w_map, 0, 0, kt * (WG_BK / 32), n_base / 32, bar);
+}
 
-// 16 packed bytes of one lane -> A fragments of the warp's H wgmmas (GROUPED: W8 + 128 as u8).
-// H = 2: both nibble halves (blocks 0-3); H = 1: the half `half` (blocks 2*half, 2*half + 1).
-template <bool GROUPED, int H>
-__device__ __forceinline__ void dequant_fragments(const uint4& packed, const BiasedScales<2 * H>& bs, int half,
-                                                  uint32_t (&a)[H][4]) {
-  const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
+// Per group: the s2 and -z words (this lane's 4 channels of its n-tile) of the ROWS_ table rows of
+// block k-step kt (one per WG_BK / ROWS_ k); zero past N and K (those fragments multiply zero
+// activations or are never stored).
+template <int ROWS_>
+__device__ __forceinline__ void load_step_scales(const GemmParams& p, int kt, int col, uint32_t (&s2)[ROWS_],
+                                                 uint32_t (&zeros)[ROWS_]) {
 #pragma unroll
-  for (int hh = 0; hh < H; ++hh) {
-    const int shift = 4 * (H == 2 ? hh : half);  // low / high nibbles: tile rows 0-15 / 16-31
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {  // fragment r: row g + 8*(r & 1) (n8 block 2*half + (r & 1)), k half r >> 1
-      const uint32_t q = (words[2 * (r >> 1) + (r & 1)] >> shift) & 0x0f0f0f0fu;
-      a[hh][r] = GROUPED ? bs.apply(q, 2 * hh + (r & 1)) : q;
-    }
+  for (int r = 0; r < ROWS_; ++r) {
+    const int k = kt * WG_BK + r * (WG_BK / ROWS_);
+    const bool valid = col < p.N && k < p.K;
+    const size_t at = static_cast<size_t>(group_row(k, p.group)) * p.N + col;
+    s2[r] = valid ? __ldg(reinterpret_cast<const uint32_t*>(p.s2 + at)) : 0;
+    zeros[r] = valid ? __ldg(reinterpret_cast<const uint32_t*>(p.s2_zeros + at)) : 0;
   }
 }
 
-// What one thread copies into each stage, addresses worked out once (per k-step only k moves):
-// activation chunks of token rows 16 apart at one 16-byte column (chunk c of row r lands at chunk
-// c ^ (r % 8), the 128-byte swizzle), the block's n-tiles at one k-tile and lane, and for the first
-// threads one 16-byte chunk of an s2 / -z table row.
-template <int ROWS, int BT, bool GROUPED, int KW>
-struct StageLoader {
-  using S = WgmmaSmem<ROWS, BT, 1>;
-  static constexpr int K_TILES = WG_BK / 32, ROW_STEP = WG_THREADS / 8, ACT_CHUNKS = BT / ROW_STEP;
-  static constexpr int N_TILES = ROWS / 32;             // one chunk of each per thread
-  static constexpr int TABLE_CHUNKS = ROWS / 16;        // per table row
-  static constexpr int TABLE_THREADS = WG_BK / SCALE_SPAN * 2 * TABLE_CHUNKS;  // [span][s2 | -z][ROWS]
-
-  const int8_t* act;  // chunk 0 at k = 0
-  const uint8_t* w;   // n-tile 0 at k-step 0
-  size_t act_stride, w_stride;      // bytes from chunk j to j+1
-  int act_rows_left, w_tiles_left;  // chunk j is a real token / n-tile while j*step < these
-  int act_k, w_k_tile;
-  uint32_t act_dst, w_dst;
-
-  // tid: the thread's index in its warpgroup, spelled out in each function as it is (a shared helper
-  // or a signed/unsigned change here altered ptxas's schedule of the main loop and made wg128x128 per
-  // group 10% slower at K = 11008 and wg64x64k2 4% slower on the H200, same-call A/B)
-  __device__ __forceinline__ StageLoader(const GemmParams& p, int m_base, int n_base) {
-    const int tid = KW == 1 ? threadIdx.x : threadIdx.x % WG_THREADS, r0 = tid >> 3, k_tiles = p.K / 32;
-    act_k = (tid & 7) * 16;
-    w_k_tile = (tid >> 5) % K_TILES;
-    act_rows_left = p.M - m_base - r0;
-    w_tiles_left = p.N / 32 - n_base / 32;
-    act = p.qx + (static_cast<size_t>(m_base + r0) * p.K + act_k);
-    act_stride = static_cast<size_t>(ROW_STEP) * p.K;
-    w = p.qweight + ((static_cast<size_t>(n_base / 32) * k_tiles + w_k_tile) * 512 + (tid & 31) * 16);
-    w_stride = static_cast<size_t>(k_tiles) * 512;
-    act_dst = r0 * WG_BK + (((tid & 7) ^ (r0 & 7)) << 4);  // ROW_STEP is a multiple of 8: same swizzle
-    w_dst = S::ACT + w_k_tile * 512 + (tid & 31) * 16;
-  }
-
-  __device__ __forceinline__ void load(const GemmParams& p, uint8_t* stage, int kt, int n_base) const {
-    const int tid = KW == 1 ? threadIdx.x : threadIdx.x % WG_THREADS;
-    const bool act_k_ok = kt * WG_BK + act_k < p.K, w_k_ok = kt * K_TILES + w_k_tile < p.K / 32;
-#pragma unroll
-    for (int j = 0; j < ACT_CHUNKS; ++j) {  // tokens past M and a K tail read zeros
-      const bool valid = act_k_ok && j * ROW_STEP < act_rows_left;
-      cp_async16(stage + act_dst + j * ROW_STEP * WG_BK, valid ? act + j * act_stride + kt * WG_BK : p.qx, valid);
-    }
-#pragma unroll
-    for (int j = 0; j < N_TILES; ++j) {
-      const bool valid = w_k_ok && j < w_tiles_left;
-      cp_async16(stage + w_dst + j * K_TILES * 512,
-                 valid ? w + j * w_stride + static_cast<size_t>(kt) * K_TILES * 512 : p.qweight, valid);
-    }
-    if (GROUPED && tid < TABLE_THREADS) {
-      const int span = tid / (2 * TABLE_CHUNKS), table_id = (tid / TABLE_CHUNKS) % 2;
-      const int8_t* table = table_id == 0 ? p.s2 : p.s2_zeros;
-      const int n = n_base + (tid % TABLE_CHUNKS) * 16, k = kt * WG_BK + span * SCALE_SPAN;
-      const bool valid = n < p.N && k < p.K;
-      cp_async16(stage + S::ACT + S::W + tid * 16,
-                 table + (valid ? static_cast<size_t>(group_row(k, p.group)) * p.N + n : 0), valid);
-    }
-  }
-};
-
-#if QOQ_HAS_WGMMA
-// Waits for every thread of warpgroup wg: barrier 1 + wg (0 is __syncthreads, which a block of one
-// warpgroup uses). Immediate ids: a register id makes ptxas reserve all 16 barriers.
-template <int KW>
-__device__ __forceinline__ void warpgroup_sync(int wg) {
-  static_assert(KW <= 2, "barrier ids for two warpgroups");
-  if constexpr (KW == 1) __syncthreads();
-  else if (wg == 0) asm volatile("bar.sync 1, %0;\n" ::"n"(WG_THREADS) : "memory");
-  else asm volatile("bar.sync 2, %0;\n" ::"n"(WG_THREADS) : "memory");
-}
-
-// The warpgroup's k-step i (block k-step kt_first + i * KW) in its ring: refill the buffer of step
-// i-1, dequantize all of this warp's fragments, issue its wgmmas and wait for them. (Dequantizing the
-// next k32 step while this one's wgmmas ran, waiting for all but the latest group, once computed wrong
-// sums, most likely because that refill overwrote the stage the last wgmmas of step i-1 still read.
-// Refilling step i-2's stage instead was correct but measured 3-14% slower for 64x64 tiles and at
-// most 6% faster for 128x128 on the H200, so each step drains.)
-template <int ROWS, int BT, int STAGES, bool GROUPED, int KW, int H, int ACC>
-__device__ __forceinline__ void wgmma_step(const GemmParams& p, const StageLoader<ROWS, BT, GROUPED, KW>& loader,
-                                           uint8_t* ring, int i, int steps, int kt_first, int n_base,
-                                           int (&acc)[H][ACC]) {
-  using S = WgmmaSmem<ROWS, BT, STAGES>;
-  constexpr int K_TILES = WG_BK / 32;
-  const int lane = threadIdx.x & 31, warp = KW == 1 ? threadIdx.x >> 5 : (threadIdx.x >> 5) % 4;
-  const int wg = KW == 1 ? 0 : threadIdx.x / WG_THREADS;
-  const int tile = H == 2 ? warp : warp >> 1, half = warp & 1;  // half: only for H = 1
-  cp_async_wait<STAGES - 2>();
-  fence_proxy_async();
-  warpgroup_sync<KW>(wg);  // stage i landed for all; every wgmma of step i-1 is done
-  const int next = i + STAGES - 1;
-  if (next < steps) loader.load(p, ring + (next % STAGES) * S::STAGE, kt_first + next * KW, n_base);
-  cp_async_commit();
-
-  const uint8_t* stage = ring + (i % STAGES) * S::STAGE;
-  BiasedScales<2 * H> bs[WG_BK / SCALE_SPAN] = {};
-  if constexpr (GROUPED) {
-#pragma unroll
-    for (int span = 0; span < WG_BK / SCALE_SPAN; ++span) {
-      const uint8_t* scales = stage + S::ACT + S::W + span * 2 * ROWS + tile * 32 + 4 * (lane >> 2);
-      bs[span] = unpack_biased_scales<2 * H>(*reinterpret_cast<const uint32_t*>(scales),
-                                             *reinterpret_cast<const uint32_t*>(scales + ROWS), H == 2 ? 0 : 2 * half);
-    }
-  }
-  uint32_t a[K_TILES][H][4];  // [k32 step][wgmma]: rows g, g+8 x k 0-15, 16-31
-#pragma unroll
-  for (int kk = 0; kk < K_TILES; ++kk) {
-    const uint4 packed = *reinterpret_cast<const uint4*>(stage + S::ACT + (tile * K_TILES + kk) * 512 + lane * 16);
-    dequant_fragments<GROUPED, H>(packed, bs[kk * 32 / SCALE_SPAN], half, a[kk]);
-  }
-  const uint64_t desc = sw128_desc(stage);
-  wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < K_TILES; ++kk)
-#pragma unroll
-    for (int hh = 0; hh < H; ++hh)
-      wgmma_m64k32<GROUPED>(acc[hh], a[kk][hh], desc + 2 * kk, i > 0 || kk > 0);  // +32 B of k; N = BT
-  wgmma_commit();
-  wgmma_wait<0>();
-}
-#endif  // QOQ_HAS_WGMMA
-
-// Block: ROWS channels x BT tokens, KW warpgroups sharing its K range. KW = 2 asks for two blocks per
-// SM (at most 128 registers a thread); KW = 1 keeps the compiler's own register choice.
-template <int ROWS, int BT, int STAGES, bool GROUPED, int KW>
-__global__ void __launch_bounds__(KW * WG_THREADS, KW == 1 ? 0 : 2) gemm_wgmma_kernel(const GemmParams p) {
-#if QOQ_HAS_WGMMA
-  using S = WgmmaSmem<ROWS, BT, STAGES, KW>;
-  constexpr int H = ROWS / 64, ACC = BT / 2;
-  extern __shared__ uint8_t smem_raw[];
-  // Offset (not an integer-to-pointer cast): the compiler then still knows these are shared loads.
-  uint8_t* smem = smem_raw + ((1024 - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023)) & 1023);
-  const int lane = threadIdx.x & 31, warp = KW == 1 ? threadIdx.x >> 5 : (threadIdx.x >> 5) % 4;
-  const int wg = KW == 1 ? 0 : threadIdx.x / WG_THREADS;
-  const int m_base = blockIdx.x * BT, n_base = blockIdx.y * ROWS;
-  const int kt0 = blockIdx.z * p.split_steps;
-  const int steps = min(p.split_steps, (p.K + WG_BK - 1) / WG_BK - kt0);  // >= 1 (K > 0)
-  const int my_steps = (steps - wg + KW - 1) / KW;  // this warpgroup's: k-steps wg, wg + KW, ... (maybe none)
-  uint8_t* ring = smem + wg * S::RING;
-
-  int acc[H][ACC];  // the first wgmma overwrites them (accumulate = 0): no other instruction writes them
-
-  // Stages are loaded STAGES - 1 steps ahead.
-  const StageLoader<ROWS, BT, GROUPED, KW> loader(p, m_base, n_base);
-#pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < my_steps) loader.load(p, ring + s * S::STAGE, kt0 + wg + s * KW, n_base);
-    cp_async_commit();
-  }
-  for (int i = 0; i < my_steps; ++i)
-    wgmma_step<ROWS, BT, STAGES, GROUPED, KW, H>(p, loader, ring, i, my_steps, kt0 + wg, n_base, acc);
-#pragma unroll
-  for (int hh = 0; hh < H; ++hh) fence_operands(acc[hh]);  // no read of them moves above the last wait
-
-  // Each warpgroup's accumulators go through shared memory ([BT tokens][ROWS channels] int32, rows
-  // padded by 4 words: conflict-free; one such tile per warpgroup), so that each thread then writes 8
-  // consecutive channels of a token, the warpgroups' sums added.
-  cp_async_wait<0>();
+// The epilogue: each warpgroup's accumulators go through shared memory ([BT tokens][ROWS channels]
+// int32, rows padded by 4 words: conflict-free; one such tile per warpgroup), so that each thread then
+// writes 8 consecutive channels of a token, the warpgroups' sums added. The stages' loads have all landed.
+template <int ROWS, int BT, bool GROUPED, int KW, int H, int ACC>
+__device__ __forceinline__ void wgmma_store(const GemmParams& p, uint8_t* smem, const int (&acc)[H][ACC], int my_steps,
+                                            int m_base, int n_base, int lane, int warp, int wg) {
   __syncthreads();  // every warp is done with the stages
   constexpr int ROW = ROWS + 4;
-  static_assert(BT * ROW * 4 <= S::RING, "epilogue tiles");
   int* tiles = reinterpret_cast<int*>(smem);
   int* tile = tiles + wg * BT * ROW;
   const bool live = KW == 1 || my_steps > 0;  // a warpgroup without k-steps adds zeros
@@ -334,6 +202,104 @@ __global__ void __launch_bounds__(KW * WG_THREADS, KW == 1 ? 0 : 2) gemm_wgmma_k
       *reinterpret_cast<uint4*>(p.out + idx) = epilogue8(p, row, col, v);
     }
   }
+}
+#endif  // QOQ_HAS_WGMMA
+
+// 16 packed bytes of one lane -> A fragments of the warp's H wgmmas (GROUPED: W8 + 128 as u8).
+// H = 2: both nibble halves (blocks 0-3); H = 1: the half `half` (blocks 2*half, 2*half + 1).
+template <bool GROUPED, int H>
+__device__ __forceinline__ void dequant_fragments(const uint4& packed, const BiasedScales<2 * H>& bs, int half,
+                                                  uint32_t (&a)[H][4]) {
+  const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
+#pragma unroll
+  for (int hh = 0; hh < H; ++hh) {
+    const int shift = 4 * (H == 2 ? hh : half);  // low / high nibbles: tile rows 0-15 / 16-31
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {  // fragment r: row g + 8*(r & 1) (n8 block 2*half + (r & 1)), k half r >> 1
+      const uint32_t q = (words[2 * (r >> 1) + (r & 1)] >> shift) & 0x0f0f0f0fu;
+      a[hh][r] = GROUPED ? bs.apply(q, 2 * hh + (r & 1)) : q;
+    }
+  }
+}
+
+// Block: ROWS channels x BT tokens, KW warpgroups taking alternate k-steps of its K range, each with its
+// own ring and its first thread as the ring's producer. KW = 2 asks for two blocks per SM (at most 128
+// registers a thread); KW = 1 keeps the compiler's own register choice. SCALE_ROWS: 0 per channel,
+// else the s2 / -z rows a k-step spans (1 for groups that are multiples of 128, 2 for other multiples
+// of 64): one row a step saves a warp ~20 of its ~230 instructions a step.
+template <int ROWS, int BT, int STAGES, int SCALE_ROWS, int KW>
+__global__ void __launch_bounds__(KW * WG_THREADS, KW == 1 ? 0 : 2)
+    gemm_wgmma_kernel(const __grid_constant__ CUtensorMap act_map, const __grid_constant__ CUtensorMap w_map,
+                      const GemmParams p) {
+#if QOQ_HAS_WGMMA
+  using S = WgmmaSmem<ROWS, BT, STAGES, KW>;
+  constexpr bool GROUPED = SCALE_ROWS > 0;
+  constexpr int H = ROWS / 64, ACC = BT / 2, K_TILES = WG_BK / 32, SPANS = GROUPED ? SCALE_ROWS : 1;
+  static_assert(BT * (ROWS + 4) * 4 <= S::RING, "epilogue tiles");
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024 - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023)) & 1023);
+  const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) % 4, wg = threadIdx.x / WG_THREADS;
+  const int tile = H == 2 ? warp : warp >> 1, half = warp & 1;  // half: only for H = 1
+  const int m_base = blockIdx.x * BT, n_base = blockIdx.y * ROWS;
+  const int kt0 = blockIdx.z * p.split_steps;
+  const int steps = min(p.split_steps, (p.K + WG_BK - 1) / WG_BK - kt0);  // >= 1 (K > 0)
+  const int my_steps = (steps - wg + KW - 1) / KW;  // this warpgroup's: k-steps wg, wg + KW, ... (maybe none)
+  uint8_t* ring = smem + wg * S::RING;
+  const uint32_t ring_addr = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
+  const uint32_t bars = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + S::BARRIERS + wg * STAGES * 8;
+  const bool producer = threadIdx.x % WG_THREADS == 0;
+  const auto fill = [&](int i) {  // this warpgroup's step i into its slot
+    tma_stage<ROWS, BT>(act_map, w_map, ring_addr + (i % STAGES) * S::STAGE, bars + (i % STAGES) * 8,
+                        kt0 + wg + i * KW, m_base, n_base);
+  };
+  if (producer) {
+    for (int s = 0; s < STAGES; ++s) mbarrier_init(bars + s * 8);
+    for (int s = 0; s < min(STAGES, my_steps); ++s) fill(s);
+  }
+  __syncthreads();  // the barriers are initialized before anyone waits on them
+
+  int acc[H][ACC];  // the first wgmma overwrites them (accumulate = 0): no other instruction writes them
+  uint32_t a0[K_TILES][H][4], a1[K_TILES][H][4];  // [k32 step][wgmma]; steps alternate between the two
+  const int scale_col = n_base + tile * 32 + 4 * (lane >> 2);
+  uint32_t s2_next[SPANS] = {}, zeros_next[SPANS] = {};  // per group: the scale words of the next step
+  if (GROUPED && my_steps > 0) load_step_scales(p, kt0 + wg, scale_col, s2_next, zeros_next);
+  const auto step = [&](int i, uint32_t (&a)[K_TILES][H][4]) {
+    const uint8_t* stage = ring + (i % STAGES) * S::STAGE;
+    BiasedScales<2 * H> bs[SPANS] = {};
+    if constexpr (GROUPED) {
+#pragma unroll
+      for (int span = 0; span < SPANS; ++span)
+        bs[span] = unpack_biased_scales<2 * H>(s2_next[span], zeros_next[span], H == 2 ? 0 : 2 * half);
+      if (i + 1 < my_steps) load_step_scales(p, kt0 + wg + (i + 1) * KW, scale_col, s2_next, zeros_next);
+    }
+    mbarrier_wait(bars + (i % STAGES) * 8, (i / STAGES) & 1);
+#pragma unroll
+    for (int kk = 0; kk < K_TILES; ++kk) {
+      const uint4 packed = *reinterpret_cast<const uint4*>(stage + S::ACT + (tile * K_TILES + kk) * 512 + lane * 16);
+      dequant_fragments<GROUPED, H>(packed, bs[kk * SPANS / K_TILES], half, a[kk]);
+    }
+    const uint64_t desc = sw128_desc(stage);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < K_TILES; ++kk)
+#pragma unroll
+      for (int hh = 0; hh < H; ++hh) wgmma_m64k32<GROUPED>(acc[hh], a[kk][hh], desc + 2 * kk, i > 0 || kk > 0);
+    wgmma_commit();
+    wgmma_wait<1>();  // step i-1's wgmmas are complete: its slot takes step i-1 + STAGES
+    if (producer && i > 0 && i - 1 + STAGES < my_steps) fill(i - 1 + STAGES);
+  };
+  // Pairs, then an odd last step outside the loop: a conditional second step inside it would give
+  // ptxas a path that redefines a0 while its wgmmas may still run, and it serializes every wgmma.
+  int i = 0;
+  for (; i + 1 < my_steps; i += 2) {
+    step(i, a0);
+    step(i + 1, a1);
+  }
+  if (i < my_steps) step(i, a0);
+  wgmma_wait<0>();
+#pragma unroll
+  for (int hh = 0; hh < H; ++hh) fence_operands(acc[hh]);  // no read of them moves above the last wait
+  wgmma_store<ROWS, BT, GROUPED, KW, H, ACC>(p, smem, acc, my_steps, m_base, n_base, lane, warp, wg);
 #endif
 }
 
