@@ -131,15 +131,15 @@ __device__ __forceinline__ void tma_stage(const CUtensorMap& act_map, const CUte
   tensor_copy_4d(stage + WgmmaSmem<ROWS, BT, 1, 1>::ACT, &w_map, 0, 0, kt * (WG_BK / 32), n_base / 32, bar);
 }
 
-// Per group: the s2 and -z words (this lane's 4 channels of its n-tile) of the ROWS_ table rows of
-// block k-step kt (one per WG_BK / ROWS_ k); zero past N and K (those fragments multiply zero
+// Per group: the s2 and -z words (this lane's 4 channels of its n-tile) of the TABLE_ROWS table rows
+// of block k-step kt (one per WG_BK / TABLE_ROWS k); zero past N and K (those fragments multiply zero
 // activations or are never stored).
-template <int ROWS_>
-__device__ __forceinline__ void load_step_scales(const GemmParams& p, int kt, int col, uint32_t (&s2)[ROWS_],
-                                                 uint32_t (&zeros)[ROWS_]) {
+template <int TABLE_ROWS>
+__device__ __forceinline__ void load_step_scales(const GemmParams& p, int kt, int col, uint32_t (&s2)[TABLE_ROWS],
+                                                 uint32_t (&zeros)[TABLE_ROWS]) {
 #pragma unroll
-  for (int r = 0; r < ROWS_; ++r) {
-    const int k = kt * WG_BK + r * (WG_BK / ROWS_);
+  for (int r = 0; r < TABLE_ROWS; ++r) {
+    const int k = kt * WG_BK + r * (WG_BK / TABLE_ROWS);
     const bool valid = col < p.N && k < p.K;
     const size_t at = static_cast<size_t>(group_row(k, p.group)) * p.N + col;
     s2[r] = valid ? __ldg(reinterpret_cast<const uint32_t*>(p.s2 + at)) : 0;
@@ -234,7 +234,7 @@ __global__ void __launch_bounds__(KW * WG_THREADS, KW == 1 ? 0 : 2)
 #if QOQ_HAS_WGMMA
   using S = WgmmaSmem<ROWS, BT, STAGES, KW>;
   constexpr bool GROUPED = SCALE_ROWS > 0;
-  constexpr int H = ROWS / 64, ACC = BT / 2, K_TILES = WG_BK / 32, SPANS = GROUPED ? SCALE_ROWS : 1;
+  constexpr int H = ROWS / 64, ACC = BT / 2, K_TILES = WG_BK / 32, TABLE_ROWS = GROUPED ? SCALE_ROWS : 1;
   static_assert(BT * (ROWS + 4) * 4 <= S::RING, "epilogue tiles");
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023)) & 1023);
@@ -261,22 +261,22 @@ __global__ void __launch_bounds__(KW * WG_THREADS, KW == 1 ? 0 : 2)
   int acc[H][ACC];  // the first wgmma overwrites them (accumulate = 0): no other instruction writes them
   uint32_t a0[K_TILES][H][4], a1[K_TILES][H][4];  // [k32 step][wgmma]; steps alternate between the two
   const int scale_col = n_base + tile * 32 + 4 * (lane >> 2);
-  uint32_t s2_next[SPANS] = {}, zeros_next[SPANS] = {};  // per group: the scale words of the next step
+  uint32_t s2_next[TABLE_ROWS] = {}, zeros_next[TABLE_ROWS] = {};  // per group: the next step's scale words
   if (GROUPED && my_steps > 0) load_step_scales(p, kt0 + wg, scale_col, s2_next, zeros_next);
   const auto step = [&](int i, uint32_t (&a)[K_TILES][H][4]) {
     const uint8_t* stage = ring + (i % STAGES) * S::STAGE;
-    BiasedScales<2 * H> bs[SPANS] = {};
+    BiasedScales<2 * H> bs[TABLE_ROWS] = {};
     if constexpr (GROUPED) {
 #pragma unroll
-      for (int span = 0; span < SPANS; ++span)
-        bs[span] = unpack_biased_scales<2 * H>(s2_next[span], zeros_next[span], H == 2 ? 0 : 2 * half);
+      for (int r = 0; r < TABLE_ROWS; ++r)
+        bs[r] = unpack_biased_scales<2 * H>(s2_next[r], zeros_next[r], H == 2 ? 0 : 2 * half);
       if (i + 1 < my_steps) load_step_scales(p, kt0 + wg + (i + 1) * KW, scale_col, s2_next, zeros_next);
     }
     mbarrier_wait(bars + (i % STAGES) * 8, (i / STAGES) & 1);
 #pragma unroll
     for (int kk = 0; kk < K_TILES; ++kk) {
       const uint4 packed = *reinterpret_cast<const uint4*>(stage + S::ACT + (tile * K_TILES + kk) * 512 + lane * 16);
-      dequant_fragments<GROUPED, H>(packed, bs[kk * SPANS / K_TILES], half, a[kk]);
+      dequant_fragments<GROUPED, H>(packed, bs[kk * TABLE_ROWS / K_TILES], half, a[kk]);
     }
     const uint64_t desc = sw128_desc(stage);
     wgmma_fence();
