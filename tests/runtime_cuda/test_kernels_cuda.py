@@ -71,6 +71,22 @@ def test_gemm_accumulators_exact_and_outputs_close(group_size, n, k):
             assert torch.isfinite(y).all() and _rel(y, y_ref) < 1e-3, (m, variant)
 
 
+# Groups of 192 and 256 (multiples of 64 the recipes do not use): the wgmma kernels read two table
+# rows per 128-k step where the group is not a multiple of 128 (192: one division per row) and one
+# where it is (256); the tiled kernels one per 64 k. The GEMVs take only 64 and 128.
+@pytest.mark.parametrize("group_size,n,k", [(192, 128, 768), (256, 96, 1024)])
+def test_gemm_groups_beyond_128(group_size, n, k):
+    t = _artifact(n, k, group_size, seed=k)
+    s2 = {a: v for a, v in _gemm_args(t).items() if a.startswith("s2")}
+    for m in (5, 100, 300):
+        qx = torch.randint(-127, 128, (m, k), dtype=torch.int8, device=DEV)
+        acc_ref = reference_accumulators(qx, t["w.qweight"], **s2)
+        for variant in TILED + WGMMA:
+            acc = torch.full((m, n), -(2**31), dtype=torch.int32, device=DEV)
+            w4a8_accumulators(qx, t["w.qweight"], out=acc, variant=variant, qsum=qx.sum(dim=1, dtype=torch.int32), **s2)
+            assert torch.equal(acc.long(), acc_ref), (m, variant)
+
+
 def test_persistent_gemv_exact_over_column_blocks_and_repeats():
     """gemv16p's blocks take several 32-column blocks each (N/32 > SMs) through two alternating sum
     buffers: fresh inputs many times at M <= 16, with and without the paired row copies (M >= 4)."""
