@@ -22,8 +22,10 @@
 // each stage, each step's wgmmas drained before the next; o_proj g128 M=256, 64x64 k2) spent per
 // k-step ~270 cycles issuing copies, ~380 dequantizing and ~510 waiting for its own wgmmas, but only
 // ~30 waiting for data. A first version of this pipeline copied each n-tile and each 64-byte s2 / -z
-// row on its own (3-9 bulk copies a step): per group 6-42% slower than that kernel; with two copies a
-// step and the scale words from L2 it is 4-16% faster per group at M >= 256 and 10-25% per channel.
+// row on its own (3-9 bulk copies a step): per group 6-42% slower than that kernel. With two copies a
+// step and the scale words from L2, per channel 10-25% faster at M >= 256 and per group -2% to +16%;
+// one table row a step where the group allows it made per group another ~10% faster
+// (bench/results/ab_h200: wgmma_pipeline_sweeps.json, ab_wgmma_scale_rows.json).
 #pragma once
 
 #include <cuda.h>  // CUtensorMap
