@@ -73,12 +73,17 @@ static void launch_tiled(const GemmParams& p, const at::Tensor& like, cudaStream
                (p.K + TILED_BK - 1) / TILED_BK, like, stream);
 }
 
-// The driver's tensor-map encoder, through the runtime (no libcuda link).
+// The driver's tensor-map encoder, through the runtime (no libcuda link; the by-version lookup from
+// CUDA 12.5, where the plain one is deprecated).
 static PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   static const auto encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found{};
+#if CUDART_VERSION >= 12050
     C10_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found));
+#else
+    C10_CUDA_CHECK(cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &fn, cudaEnableDefault, &found));
+#endif
     TORCH_CHECK(found == cudaDriverEntryPointSuccess && fn != nullptr, "cuTensorMapEncodeTiled not found");
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }();
