@@ -24,7 +24,7 @@ static int multiprocessors() {
   return sms;
 }
 
-// K splits for a grid of `blocks` tiles: below one wave each block's serial k-loop is latency
+// K splits of a tiled grid of `blocks` tiles: below one wave each block's serial k-loop is latency
 // bound, so split K until about two blocks per SM run (keeping >= 4 k-steps per split).
 static int k_splits(int blocks, int k_steps) {
   const int sms = multiprocessors();
@@ -33,21 +33,25 @@ static int k_splits(int blocks, int k_steps) {
   return std::max(1, std::min({wanted, k_steps / 4, 8}));
 }
 
-// A grid of `tiles` blocks, `k_steps` long, launched with its K split (int32 partial sums added
-// atomically into a zeroed workspace, then the epilogue kernel) when the tiles alone fill < 1 wave.
-// `before` are the kernel's arguments ahead of p (the wgmma kernels' tensor maps).
-template <typename Kernel, typename... Before>
-static void launch_split(Kernel kernel, GemmParams p, dim3 tiles, int threads, int smem, int k_steps,
-                         const at::Tensor& like, cudaStream_t stream, const Before&... before) {
-  const int splits = k_splits(static_cast<int>(tiles.x * tiles.y), k_steps);
+// p.split_steps for `splits` K splits of `k_steps`; returns the splits that remain (every one gets
+// >= 1 k-step).
+static int plan_splits(GemmParams& p, int splits, int k_steps) {
   p.split_steps = (k_steps + splits - 1) / splits;
-  const int z = (k_steps + p.split_steps - 1) / p.split_steps;  // every split gets >= 1 k-step
+  return (k_steps + p.split_steps - 1) / p.split_steps;
+}
+
+// A tiled grid launched with its K split (int32 partial sums added atomically into a zeroed
+// workspace, then the epilogue kernel) when the tiles alone fill < 1 wave.
+template <typename Kernel>
+static void launch_split(Kernel kernel, GemmParams p, dim3 tiles, int threads, int smem, int k_steps,
+                         const at::Tensor& like, cudaStream_t stream) {
+  const int z = plan_splits(p, k_splits(static_cast<int>(tiles.x * tiles.y), k_steps), k_steps);
   at::Tensor sums;
   if (z > 1) {
     sums = at::zeros({p.M, p.N}, like.options().dtype(at::kInt));
     p.split_acc = sums.data_ptr<int32_t>();
   }
-  kernel<<<dim3(tiles.x, tiles.y, z), threads, smem, stream>>>(before..., p);
+  kernel<<<dim3(tiles.x, tiles.y, z), threads, smem, stream>>>(p);
   if (z > 1) {
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     const int pairs = p.M * p.N / 2, per_block = 256;
@@ -61,6 +65,23 @@ static void allow_smem(Kernel kernel, int smem, bool& configured) {
   if (configured) return;
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   configured = true;
+}
+
+// A grid in clusters of `cluster` blocks (1 x 1 x 1: a plain launch, as before Hopper).
+template <typename... Params, typename... Args>
+static void launch_clustered(void (*kernel)(Params...), dim3 grid, int threads, int smem, dim3 cluster,
+                             cudaStream_t stream, const Args&... args) {
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim = {cluster.x, cluster.y, cluster.z};
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = &attr;
+  config.numAttrs = cluster.x * cluster.y * cluster.z > 1 ? 1 : 0;
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args...));
 }
 
 template <int BM, int WARPS_M, bool GROUPED>
@@ -119,22 +140,43 @@ static CUtensorMap weight_map(const GemmParams& p, int rows) {
                             {256, 2, WG_BK / 32, static_cast<cuuint32_t>(rows / 32)}, CU_TENSOR_MAP_SWIZZLE_NONE);
 }
 
+// K splits of a wgmma grid of `blocks` (split across the blocks of a cluster: wgmma_store). Under one
+// wave, until about two blocks per SM run; a larger grid that fills under half of the SMs' slots for
+// this kernel (`per_sm` blocks each), in two. Each warpgroup keeps >= 8 k-steps, as the stages' fill
+// latency dominates shorter ones, and two-warpgroup blocks split at most in two. H200 split sweep
+// (bench/results/ab_h200/wgmma_split_sweep.json): o_proj g128 M=64 wg64x64k2 9.9 us split in 2 (8 k-steps
+// a warpgroup), 18.3 in 4; qkv_proj M=128 wg128x64 (192 blocks) 21.6 in 2, 24.3 unsplit.
+static int wgmma_splits(int blocks, int k_steps, int kw, int per_sm) {
+  const int sms = multiprocessors();
+  const int wanted = blocks < sms ? 2 * sms / blocks : std::min(2, per_sm * sms / blocks);
+  return std::max(1, std::min({wanted, k_steps / (8 * kw), kw == 2 ? 2 : 8}));  // <= 8: a portable cluster
+}
+
 template <int ROWS, int BT, int STAGES, int SCALE_ROWS, int KW>
-static void launch_wgmma(const GemmParams& p, const at::Tensor& like, cudaStream_t stream) {
+static void launch_wgmma(const GemmParams& p, cudaStream_t stream) {
   constexpr int smem = WgmmaSmem<ROWS, BT, STAGES, KW>::TOTAL;
   static bool configured = false;
   allow_smem(gemm_wgmma_kernel<ROWS, BT, STAGES, SCALE_ROWS, KW>, smem, configured);
+  static const int per_sm = [] {  // blocks of this kernel an SM holds (its registers and shared memory)
+    int blocks = 0;
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &blocks, gemm_wgmma_kernel<ROWS, BT, STAGES, SCALE_ROWS, KW>, KW * WG_THREADS, smem));
+    return blocks;
+  }();
   const dim3 tiles((p.M + BT - 1) / BT, (p.N + ROWS - 1) / ROWS);
-  launch_split(gemm_wgmma_kernel<ROWS, BT, STAGES, SCALE_ROWS, KW>, p, tiles, KW * WG_THREADS, smem,
-               (p.K + WG_BK - 1) / WG_BK, like, stream, activation_map(p, BT), weight_map(p, ROWS));
+  const int k_steps = (p.K + WG_BK - 1) / WG_BK;
+  GemmParams split = p;
+  const int z = plan_splits(split, wgmma_splits(static_cast<int>(tiles.x * tiles.y), k_steps, KW, per_sm), k_steps);
+  launch_clustered(gemm_wgmma_kernel<ROWS, BT, STAGES, SCALE_ROWS, KW>, dim3(tiles.x, tiles.y, z), KW * WG_THREADS,
+                   smem, dim3(1, 1, z), stream, activation_map(p, BT), weight_map(p, ROWS), split);
 }
 
 // Per group a k-step of WG_BK spans one s2 / -z row where the group is a multiple of it, else two.
 template <int ROWS, int BT, int STAGES, bool GROUPED, int KW = 1>
-static void dispatch_wgmma(const GemmParams& p, const at::Tensor& like, cudaStream_t stream) {
-  if constexpr (!GROUPED) return launch_wgmma<ROWS, BT, STAGES, 0, KW>(p, like, stream);
-  else if (p.group % WG_BK == 0) return launch_wgmma<ROWS, BT, STAGES, 1, KW>(p, like, stream);
-  else return launch_wgmma<ROWS, BT, STAGES, 2, KW>(p, like, stream);
+static void dispatch_wgmma(const GemmParams& p, cudaStream_t stream) {
+  if constexpr (!GROUPED) return launch_wgmma<ROWS, BT, STAGES, 0, KW>(p, stream);
+  else if (p.group % WG_BK == 0) return launch_wgmma<ROWS, BT, STAGES, 1, KW>(p, stream);
+  else return launch_wgmma<ROWS, BT, STAGES, 2, KW>(p, stream);
 }
 
 static int smem_optin() {
@@ -158,29 +200,12 @@ static int gemv_cluster(const GemmParams& p, int mt) {
   return shared && is_hopper() ? GEMV_CLUSTER : 1;
 }
 
-// A 1-D grid of `blocks`, in clusters of `cluster` blocks (1: a plain launch, as before Hopper).
-template <typename Kernel>
-static void launch_clustered(Kernel kernel, const GemmParams& p, int blocks, int threads, int smem, int cluster,
-                             cudaStream_t stream) {
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim = {static_cast<unsigned>(cluster), 1, 1};
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(blocks);
-  config.blockDim = dim3(threads);
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  config.attrs = &attr;
-  config.numAttrs = cluster > 1 ? 1 : 0;
-  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p));
-}
-
 template <int MT, int GROUP, int WARPS, bool ACT_FIRST = false>
 static void launch_gemv(const GemmParams& p, int smem_limit, cudaStream_t stream) {
   static bool configured = false;
   allow_smem(gemm_gemv_kernel<MT, GROUP, WARPS, ACT_FIRST>, smem_limit, configured);
-  launch_clustered(gemm_gemv_kernel<MT, GROUP, WARPS, ACT_FIRST>, p, p.N / 32, WARPS * 32,
-                   gemv_smem_bytes(MT, WARPS, p.M, p.K), gemv_cluster(p, MT), stream);
+  launch_clustered(gemm_gemv_kernel<MT, GROUP, WARPS, ACT_FIRST>, dim3(p.N / 32), WARPS * 32,
+                   gemv_smem_bytes(MT, WARPS, p.M, p.K), dim3(gemv_cluster(p, MT)), stream, p);
 }
 
 // Whether a staged GEMV (M <= 16) copies its activation rows before its first weight loads. Same-call
@@ -220,8 +245,8 @@ static void launch_gemvp(const GemmParams& p, int smem_limit, cudaStream_t strea
   int blocks = std::min(multiprocessors(), p.N / 32);
   const bool pairs = p.M >= GEMV_CLUSTER_MIN_M && blocks >= GEMV_CLUSTER && is_hopper();
   if (pairs) blocks -= blocks % GEMV_CLUSTER;
-  launch_clustered(gemm_gemv_persistent_kernel<GROUP>, p, blocks, GEMVP_WARPS * 32, gemvp_smem_bytes(p.M, p.K),
-                   pairs ? GEMV_CLUSTER : 1, stream);
+  launch_clustered(gemm_gemv_persistent_kernel<GROUP>, dim3(blocks), GEMVP_WARPS * 32, gemvp_smem_bytes(p.M, p.K),
+                   dim3(pairs ? GEMV_CLUSTER : 1), stream, p);
 }
 
 // Rows that do not fit shared memory (K beyond ~14000 at M = 16) go to the 8-warp GEMV, the faster one
@@ -252,13 +277,13 @@ static void dispatch(const GemmParams& p, Variant variant, const at::Tensor& lik
     case TILED64_WIDE:
       return launch_tiled<64, 1, GROUPED>(p, like, stream);
     case WG128X64:
-      return dispatch_wgmma<128, 64, 4, GROUPED>(p, like, stream);
+      return dispatch_wgmma<128, 64, 4, GROUPED>(p, stream);
     case WG128X128:
-      return dispatch_wgmma<128, 128, 4, GROUPED>(p, like, stream);
+      return dispatch_wgmma<128, 128, 4, GROUPED>(p, stream);
     case WG64X64:
-      return dispatch_wgmma<64, 64, 4, GROUPED>(p, like, stream);
+      return dispatch_wgmma<64, 64, 4, GROUPED>(p, stream);
     case WG64X64_K2:
-      return dispatch_wgmma<64, 64, 4, GROUPED, 2>(p, like, stream);
+      return dispatch_wgmma<64, 64, 4, GROUPED, 2>(p, stream);
   }
 }
 

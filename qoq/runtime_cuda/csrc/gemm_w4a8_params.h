@@ -34,9 +34,9 @@ struct GemmParams {
   const __half* bias;        // [N] or nullptr
   __half* out;               // [M, N]
   int32_t* acc_out;          // [M, N] debug: raw int32 accumulators instead of `out`
-  int32_t* split_acc;        // [M, N] zeroed sums of the K splits (split-K tiled and wgmma grids), or nullptr
+  int32_t* split_acc;        // [M, N] zeroed sums of the K splits (split-K tiled grids), or nullptr
   int M, N, K, group;        // group 0: per channel
-  int split_steps;           // tiled and wgmma: k-steps per K split (blockIdx.z)
+  int split_steps;           // tiled and wgmma: k-steps per K split (blockIdx.z; wgmma: a cluster's rank)
 };
 
 // Launch `variant` on the current stream of `like`'s device; the arguments are already checked.

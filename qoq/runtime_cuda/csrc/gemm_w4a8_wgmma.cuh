@@ -8,7 +8,8 @@
 // half of tile w/2, one wgmma), times BT tokens. With KW > 1 warpgroups a block splits its K range
 // among them (k-steps wg, wg + KW, ...; each has its own ring of stages) and adds their sums in the
 // epilogue: a grid too small to fill the SMs' warp slots then still keeps KW times the wgmmas and
-// loads in flight, without the atomics of a split across blocks. The artifact is read as it is.
+// loads in flight. A grid still under one wave also splits K across the blocks of a cluster, which
+// add their sums through distributed shared memory (wgmma_store). The artifact is read as it is.
 //
 // Pipeline: the warpgroup's first thread fills each stage with two tensor-map copies (the activation
 // box with the 128-byte swizzle, the block's weight tiles of the k-step as one box), counted on the
@@ -149,9 +150,38 @@ __device__ __forceinline__ void load_step_scales(const GemmParams& p, int kt, in
   }
 }
 
+// Four int32 of another block's shared memory in this cluster (`addr`: the same offset in this block).
+__device__ __forceinline__ int4 load_cluster_int4(uint32_t addr, uint32_t rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(addr), "r"(rank));
+  int4 v;
+  asm volatile("ld.shared::cluster.v4.s32 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(remote) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void add_int4(int4& a, const int4& b) {
+  a.x += b.x, a.y += b.y, a.z += b.z, a.w += b.w;
+}
+
+// The sums of 8 consecutive channels of one token: raw (acc_out) or through the epilogue.
+__device__ __forceinline__ void store_sums8(const GemmParams& p, int row, int col, const int4& lo, const int4& hi) {
+  const size_t idx = static_cast<size_t>(row) * p.N + col;
+  if (p.acc_out != nullptr) {
+    *reinterpret_cast<int4*>(p.acc_out + idx) = lo;
+    *reinterpret_cast<int4*>(p.acc_out + idx + 4) = hi;
+  } else {
+    const int v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+    *reinterpret_cast<uint4*>(p.out + idx) = epilogue8(p, row, col, v);
+  }
+}
+
 // The epilogue: each warpgroup's accumulators go through shared memory ([BT tokens][ROWS channels]
 // int32, rows padded by 4 words: conflict-free; one such tile per warpgroup), so that each thread then
-// writes 8 consecutive channels of a token, the warpgroups' sums added. The stages' loads have all landed.
+// writes 8 consecutive channels of a token, the warpgroups' sums added. A grid split over K runs each
+// tile's splits as one cluster (blockIdx.z = its rank): every block then adds the tiles of all the
+// cluster's blocks for 1/splits of the items through distributed shared memory, so the partial sums
+// never leave the SMs (no zeroed workspace, atomics or second kernel). The stages' loads have all landed.
 template <int ROWS, int BT, bool GROUPED, int KW, int H, int ACC>
 __device__ __forceinline__ void wgmma_store(const GemmParams& p, uint8_t* smem, const int (&acc)[H][ACC], int my_steps,
                                             int m_base, int n_base, int lane, int warp, int wg) {
@@ -178,32 +208,40 @@ __device__ __forceinline__ void wgmma_store(const GemmParams& p, uint8_t* smem, 
           tile[token * ROW + channel] = (live ? acc[hh][4 * j + 2 * e + x] : 0) - offset;
         }
     }
-  __syncthreads();
-  for (int item = threadIdx.x; item < BT * ROWS / 8; item += KW * WG_THREADS) {
-    const int r = item / (ROWS / 8), c8 = (item % (ROWS / 8)) * 8;
-    const int row = m_base + r, col = n_base + c8;
-    if (row >= p.M || col >= p.N) continue;  // N is a multiple of 32: all 8 columns or none
-    int4 lo = *reinterpret_cast<const int4*>(tiles + r * ROW + c8);
-    int4 hi = *reinterpret_cast<const int4*>(tiles + r * ROW + c8 + 4);
+  constexpr int ITEMS = BT * ROWS / 8;  // 8 consecutive channels of a token
+  const int splits = gridDim.z;          // the blocks of this tile's cluster
+  if (splits == 1) {  // kept apart: one loop for both cost 1-5% at M = 2048 (ab_wgmma_cluster_split_v1.json)
+    __syncthreads();
+    for (int item = threadIdx.x; item < ITEMS; item += KW * WG_THREADS) {
+      const int r = item / (ROWS / 8), c8 = (item % (ROWS / 8)) * 8;
+      if (m_base + r >= p.M || n_base + c8 >= p.N) continue;  // N is a multiple of 32: all 8 columns or none
+      int4 lo = *reinterpret_cast<const int4*>(tiles + r * ROW + c8);
+      int4 hi = *reinterpret_cast<const int4*>(tiles + r * ROW + c8 + 4);
 #pragma unroll
-    for (int w = 1; w < KW; ++w) {
-      const int4 lo_w = *reinterpret_cast<const int4*>(tiles + w * BT * ROW + r * ROW + c8);
-      const int4 hi_w = *reinterpret_cast<const int4*>(tiles + w * BT * ROW + r * ROW + c8 + 4);
-      lo = make_int4(lo.x + lo_w.x, lo.y + lo_w.y, lo.z + lo_w.z, lo.w + lo_w.w);
-      hi = make_int4(hi.x + hi_w.x, hi.y + hi_w.y, hi.z + hi_w.z, hi.w + hi_w.w);
+      for (int w = 1; w < KW; ++w) {
+        add_int4(lo, *reinterpret_cast<const int4*>(tiles + w * BT * ROW + r * ROW + c8));
+        add_int4(hi, *reinterpret_cast<const int4*>(tiles + w * BT * ROW + r * ROW + c8 + 4));
+      }
+      store_sums8(p, m_base + r, n_base + c8, lo, hi);
     }
-    const int v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-    const size_t idx = static_cast<size_t>(row) * p.N + col;
-    if (p.split_acc != nullptr) {  // integer sums are exact in any order
-#pragma unroll
-      for (int q = 0; q < 8; ++q) atomicAdd(p.split_acc + idx + q, v[q]);
-    } else if (p.acc_out != nullptr) {
-      *reinterpret_cast<int4*>(p.acc_out + idx) = lo;
-      *reinterpret_cast<int4*>(p.acc_out + idx + 4) = hi;
-    } else {
-      *reinterpret_cast<uint4*>(p.out + idx) = epilogue8(p, row, col, v);
-    }
+    return;
   }
+  cluster_sync();  // every block's tiles are written (and visible cluster-wide)
+  const uint32_t tiles_addr = static_cast<uint32_t>(__cvta_generic_to_shared(tiles));
+  for (int item = blockIdx.z * KW * WG_THREADS + threadIdx.x; item < ITEMS; item += splits * KW * WG_THREADS) {
+    const int r = item / (ROWS / 8), c8 = (item % (ROWS / 8)) * 8;
+    if (m_base + r >= p.M || n_base + c8 >= p.N) continue;
+    int4 lo = make_int4(0, 0, 0, 0), hi = lo;
+    for (int z = 0; z < splits; ++z)
+#pragma unroll
+      for (int w = 0; w < KW; ++w) {
+        const int at = w * BT * ROW + r * ROW + c8;
+        add_int4(lo, load_cluster_int4(tiles_addr + 4 * at, z));
+        add_int4(hi, load_cluster_int4(tiles_addr + 4 * (at + 4), z));
+      }
+    store_sums8(p, m_base + r, n_base + c8, lo, hi);
+  }
+  cluster_sync();  // no block leaves while another still reads its tiles
 }
 #endif  // QOQ_HAS_WGMMA
 
