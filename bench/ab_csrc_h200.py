@@ -31,6 +31,9 @@ CASES = {  # (N, K, M, group, variant)
     # the wgmma tiles auto_variant picks at M = 256 and 2048 (H200: 132 SMs), per group and per channel
     "wgmma": [(n, k, m, g, gemm.auto_variant(m, n, k, g, 132, True))
               for n, k in LLAMA2 for m in (256, 2048) for g in (128, -1)],
+    # the wgmma tiles auto_variant picks at M = 32, 64, 128 (H200), where K splits decide much of the time
+    "wgmma_mid": [(n, k, m, g, gemm.auto_variant(m, n, k, g, 132, True))
+                  for n, k in LLAMA2 for m in (32, 64, 128) for g in (128, -1)],
     # the two-warpgroup tiles where auto_variant picks them
     "k2": [(4096, 4096, 256, 128, "wg64x64k2"), (4096, 4096, 256, -1, "wg64x64k2"),
            (4096, 11008, 256, 128, "wg64x64k2"), (4096, 11008, 256, -1, "wg64x64k2"),

@@ -42,7 +42,7 @@ MODELS = {  # (N, K) of qkv, o, gate_up, down; group size of the per-group recip
     "smollm2": ([(960, 576), (576, 576), (3072, 576), (576, 1536)], 64),
 }
 CHECK_M = [1, 7, 16, 33, 64, 128, 255, 512, 1024, 4096]
-BENCH_M = [1, 16, 64, 128, 256, 512, 1024, 2048]
+BENCH_M = [1, 16, 32, 64, 128, 256, 512, 1024, 2048]
 MAX_SETS = 64  # input sets cycled per timing (bench/timing.py)
 INT8_PEAK_TOPS = 1979.0  # H100/H200 SXM dense INT8 tensor-core datasheet rate
 DEV = "cuda"

@@ -23,8 +23,9 @@ SOURCES = ("gemm_w4a8.cu", "quant_act.cu", "gemm_bindings.cpp")
 # the "wg" kernels (Hopper only) use wgmma with the weights as the register operand, fed by tensor-map
 # copies and pipelined (the next k-step dequantizes while this one's wgmmas run), named by block tile
 # (channels x tokens), "k2" with two warpgroups splitting each block's K range (more loads and wgmmas in
-# flight where the grid leaves warp slots empty). Grids below one wave split K (int32 partial sums
-# added atomically).
+# flight where the grid leaves warp slots empty). Grids below one wave split K: the tiled kernels add
+# int32 partial sums atomically, the wgmma kernels run a tile's splits as a cluster whose blocks add
+# them through distributed shared memory.
 VARIANTS = {"gemv": 1, "gemv16": 6, "gemv16p": 11, "tiled64": 2, "tiled128": 3, "tiled128w": 4, "tiled64w": 5,
             "wg128x64": 7, "wg128x128": 8, "wg64x64": 9, "wg64x64k2": 10}
 GEMV_MAX_M = 64
@@ -69,35 +70,39 @@ def auto_variant(m: int, n: int, k: int, group: int, multiprocessors: int, hoppe
     per_sm = -(-(n // 32) // multiprocessors)
     if gemv_ok and 4 <= m <= GEMVP_MAX_M and per_sm > 1 and n // 32 >= 0.95 * per_sm * multiprocessors:
         return "gemv16p"
-    if gemv_ok and (m <= 32 or (m <= GEMV_MAX_M and n <= 4096 and k <= 4096)):  # M=64 down_proj: tiled64w
+    if gemv_ok and m <= 16:
         return "gemv"
-    if hopper:
-        # Fewest waves (blocks / (blocks per SM x SMs), rounded up), each weighted by a wave's time
-        # relative to wg128x64's (fit to the H200 sweep of the pipelined kernels, M = 128..2048, where it
-        # picks the fastest wgmma tile of every row, per group and per channel): a wave of 64x64 blocks
-        # takes about half as long, one of 128x128 blocks about as long, since those run 2 per SM (218-237
-        # registers) where 128x64 runs 3. The k2 blocks hold two warpgroups, so two fit an SM: they pay
-        # where a grid would leave warp slots empty (M = 256 at N = 4096: 256 blocks of 64x64). Only
-        # tiles that fill the chip unsplit, as their split-K atomics cost more than the tiled kernels',
-        # except for long K with a grid just short of one wave (M = 128 down_proj g128: 128 blocks,
-        # wg64x64k2 split 3 ways 39.8 us vs tiled64w 44.3; o_proj, K = 4096: tiled64w 26.2 vs 30.8).
-        # wg64x64 counts 3 blocks per SM although 4 fit: a grid that fills the fourth slots (M = 512 at
-        # N = 4096) ran 7% slower than wg128x64 (per channel 22.3 vs 20.8 us).
-        waves = {"wg128x128": (128, 128, 2, 1.01), "wg128x64": (128, 64, 3, 1.0), "wg64x64": (64, 64, 3, 0.53),
-                 "wg64x64k2": (64, 64, 2, 0.5)}
-        options = []
-        for variant, (rows, tokens, per_sm, cost) in waves.items():
-            blocks = -(-m // tokens) * -(-n // rows)
-            if blocks >= multiprocessors or (k >= 8192 and blocks >= 0.9 * multiprocessors):
-                options.append((-(-blocks // (per_sm * multiprocessors)) * cost, variant))
-        if options:
-            return min(options)[1]
+    if hopper:  # from M = 17 (H200, M = 32: o_proj g128 9.9 vs 10.1 us for the GEMV, qkv_proj 16.4 vs 26.5)
+        return _wgmma_variant(m, n, k, multiprocessors)
+    if gemv_ok and (m <= 32 or (m <= GEMV_MAX_M and n <= 4096 and k <= 4096)):
+        return "gemv"
     # Below ~2 waves of 128x128 tiles, 64-row blocks (split K when under one wave); beyond, 128-row
     # blocks, dequantizing each weight fragment once per block where dequantization costs most.
     blocks128 = -(-m // 128) * -(-n // 128)
     if blocks128 >= 1.9 * multiprocessors:
         return "tiled128" if group == -1 else "tiled128w"
     return "tiled64w"
+
+
+def _wgmma_variant(m: int, n: int, k: int, multiprocessors: int) -> str:
+    """The Hopper tile for M > 16, fit to the H200 sweep in bench/results/gemm_h200.json (every pick within
+    3% of the fastest variant at M = 32..2048, per group and per channel). The kernels split K over
+    clusters where a grid leaves SM slots empty (csrc/gemm_w4a8.cu, wgmma_splits)."""
+    blocks128 = -(-m // 128) * -(-n // 128)  # 128x128 tiles, 2 per SM
+    blocks64 = -(-m // 64) * -(-n // 128)  # 128x64 tiles, 3 per SM
+    if blocks128 >= 0.9 * multiprocessors:
+        # Fewest waves, each weighted by a wave's time relative to wg128x64's: one of 128x128 blocks
+        # takes about as long (218-237 registers, 2 per SM, where 128x64 runs 3); a grid just under one
+        # wave is split in two, each half a wave shorter (M = 512 down_proj g128: 43.0 vs 54.6 us).
+        waves128 = -(-blocks128 // (2 * multiprocessors)) * (0.8 if blocks128 < multiprocessors else 1.01)
+        return "wg128x128" if waves128 < -(-blocks64 // (3 * multiprocessors)) else "wg128x64"
+    # Fewer tiles: 128x64 ones (split in two under one wave) where they give a wave of blocks, or from
+    # 96 blocks at M <= 32, where a 64-token tile is half empty (qkv_proj g128 M=32 16.4 vs 19.1 us), or
+    # for long K (down_proj g128 M=256 31.6 vs 34.7); else 64x64 tiles of two warpgroups, split in two
+    # under one wave (o_proj g128 M=64 9.8 us against 12.1 for 128x64 and 15.7 for the GEMV).
+    if blocks64 >= multiprocessors or (blocks64 >= 96 and (m <= 32 or k >= 8192)):
+        return "wg128x64"
+    return "wg64x64k2"
 
 
 def _variant_id(variant: str, qx: torch.Tensor, n: int, group: int) -> int:

@@ -26,7 +26,7 @@ def _timed_variants() -> tuple[dict, dict]:
 
 def test_auto_variant_is_within_8_percent_of_the_fastest_timed_kernel():
     result, times = _timed_variants()
-    assert len(times) == 2 * 4 * 8  # g128 and per channel x four Llama-2 shapes x eight M
+    assert len(times) == 2 * 4 * 9  # g128 and per channel x four Llama-2 shapes x nine M
     slow = {}
     for (group, n, k, m), by_variant in times.items():
         pick = auto_variant(m, n, k, group, result["multiprocessors"], result["hopper"])
