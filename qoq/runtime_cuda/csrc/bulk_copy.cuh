@@ -1,5 +1,6 @@
 // Hopper (sm_90) bulk async copies completing on shared-memory mbarriers, and the thread-block
-// cluster primitives a multicast needs (used by the GEMV and by bench/kv4_stream_ceiling.cu).
+// cluster primitives a multicast or a cross-block sum needs (used by the GEMVs, the wgmma kernels and by
+// bench/kv4_stream_ceiling.cu).
 // Multicast here is an SM-to-SM copy inside one GPU, not NVLink multicast.
 #pragma once
 
@@ -21,6 +22,16 @@ __device__ __forceinline__ uint32_t cluster_size() {
 // Every thread of every block of the cluster; orders mbarrier inits before multicasts to them.
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
+// Four int32 from another block of the cluster's shared memory (`addr`: the same offset in this block).
+__device__ __forceinline__ int4 load_cluster_int4(uint32_t addr, uint32_t rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(addr), "r"(rank));
+  int4 v;
+  asm volatile("ld.shared::cluster.v4.s32 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(remote) : "memory");
+  return v;
 }
 
 // One thread: an mbarrier for one arrival (plus the bytes it expects), visible cluster-wide.

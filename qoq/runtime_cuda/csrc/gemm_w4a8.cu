@@ -17,12 +17,15 @@
 
 namespace qoq_gemm {
 
-static int multiprocessors() {
-  int device = 0, sms = 0;
+// An attribute of the current device.
+static int device_attribute(cudaDeviceAttr attribute) {
+  int device = 0, value = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  return sms;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&value, attribute, device));
+  return value;
 }
+
+static int multiprocessors() { return device_attribute(cudaDevAttrMultiProcessorCount); }
 
 // K splits of a tiled grid of `blocks` tiles: below one wave each block's serial k-loop is latency
 // bound, so split K until about two blocks per SM run (keeping >= 4 k-steps per split).
@@ -179,19 +182,9 @@ static void dispatch_wgmma(const GemmParams& p, cudaStream_t stream) {
   else return launch_wgmma<ROWS, BT, STAGES, 2, KW>(p, stream);
 }
 
-static int smem_optin() {
-  int device = 0, bytes = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  return bytes;
-}
+static int smem_optin() { return device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin); }
 
-static bool is_hopper() {
-  int device = 0, major = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  return major == 9;
-}
+static bool is_hopper() { return device_attribute(cudaDevAttrComputeCapabilityMajor) == 9; }
 
 // Blocks per cluster sharing their activation rows (Hopper, MT = 1, M >= GEMV_CLUSTER_MIN_M, an even
 // number of 32-column blocks), else 1.

@@ -150,16 +150,6 @@ __device__ __forceinline__ void load_step_scales(const GemmParams& p, int kt, in
   }
 }
 
-// Four int32 of another block's shared memory in this cluster (`addr`: the same offset in this block).
-__device__ __forceinline__ int4 load_cluster_int4(uint32_t addr, uint32_t rank) {
-  uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(addr), "r"(rank));
-  int4 v;
-  asm volatile("ld.shared::cluster.v4.s32 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(remote) : "memory");
-  return v;
-}
-
 __device__ __forceinline__ void add_int4(int4& a, const int4& b) {
   a.x += b.x, a.y += b.y, a.z += b.z, a.w += b.w;
 }
