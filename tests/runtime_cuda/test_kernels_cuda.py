@@ -87,6 +87,31 @@ def test_gemm_groups_beyond_128(group_size, n, k):
             assert torch.equal(acc.long(), acc_ref), (m, variant)
 
 
+def test_gemm_level2_scale_16_and_zero_codes():
+    """Every group spans its channel's whole int8 range [-119, 119], so s2 = 16, the largest the format
+    allows (q*s2 reaches 240 in the kernels' byte-parallel multiplies), and a run of codes 0 fills whole
+    packed words."""
+    n, k = 160, 512
+    for group_size in (128, 64):
+        g = torch.Generator(device=DEV).manual_seed(group_size)
+        w = torch.randn(n, k, device=DEV, generator=g)
+        peak = w.abs().amax(dim=1, keepdim=True)  # [n, 1]
+        groups = w.view(n, k // group_size, group_size)
+        groups[:, :, 0], groups[:, :, 1] = peak, -peak
+        groups[:, :, 32:48] = -peak.unsqueeze(-1)
+        t = export_linear("w", quantize_weight(w, group_size), None)
+        assert (t["w.s2_scales"] == 16).all()
+        s2 = {a: v for a, v in _gemm_args(t).items() if a.startswith("s2")}
+        for m in (1, 16, 64, 300):
+            qx = torch.randint(-127, 128, (m, k), dtype=torch.int8, device=DEV)
+            acc_ref = reference_accumulators(qx, t["w.qweight"], **s2)
+            for variant in VARIANTS_BY_M[m]:
+                acc = torch.full((m, n), -(2**31), dtype=torch.int32, device=DEV)
+                w4a8_accumulators(qx, t["w.qweight"], out=acc, variant=variant,
+                                  qsum=qx.sum(dim=1, dtype=torch.int32), **s2)
+                assert torch.equal(acc.long(), acc_ref), (group_size, m, variant)
+
+
 def test_persistent_gemv_exact_over_column_blocks_and_repeats():
     """gemv16p's blocks take several 32-column blocks each (N/32 > SMs) through two alternating sum
     buffers: fresh inputs many times at M <= 16, with and without the paired row copies (M >= 4)."""

@@ -70,11 +70,12 @@ struct BiasedScales {
 template <int BLOCKS>
 __device__ __forceinline__ BiasedScales<BLOCKS> unpack_biased_scales(uint32_t s2_word, uint32_t zero_word, int first) {
   BiasedScales<BLOCKS> bs;
+  const uint32_t biases = zero_word ^ 0x80808080u;  // -z*s2 + 128 (mod 256), per byte
 #pragma unroll
   for (int jj = 0; jj < BLOCKS; ++jj) {
     const int j = first + jj;
-    bs.s2[jj] = (s2_word >> (8 * j)) & 0xffu;
-    bs.bias[jj] = __byte_perm(zero_word, 0, 0x1111 * j) ^ 0x80808080u;  // -z*s2 + 128 (mod 256), per byte
+    bs.s2[jj] = __byte_perm(s2_word, 0, 0x4440 + j);  // byte j, zero-extended
+    bs.bias[jj] = __byte_perm(biases, 0, 0x1111 * j);  // byte j in all four
   }
   return bs;
 }

@@ -53,7 +53,7 @@ struct WgmmaSmem {
   static constexpr int STAGE = (ACT + W + 1023) / 1024 * 1024;  // swizzle atoms need 1 KB
   static constexpr int RING = STAGES * STAGE;             // one warpgroup's stages
   static constexpr int BARRIERS = KW * RING;              // then [KW][STAGES] mbarriers
-  static constexpr int TOTAL = BARRIERS + KW * STAGES * 8 + 1024;  // + slack to align the base
+  static constexpr int TOTAL = BARRIERS + KW * STAGES * 8;
 };
 
 #if QOQ_HAS_WGMMA
@@ -71,57 +71,51 @@ __device__ __forceinline__ void fence_operands(int (&d)[R]) {
   for (int i = 0; i < R; ++i) asm volatile("" : "+r"(d[i])::"memory");
 }
 
-// Descriptor of a K-major operand in 128-byte swizzled rows: 8-row atoms 1024 bytes apart.
-__device__ __forceinline__ uint64_t sw128_desc(const void* smem) {
-  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  return static_cast<uint64_t>((addr & 0x3ffff) >> 4) | (uint64_t{1} << 16) | (uint64_t{1024 >> 4} << 32) |
-         (uint64_t{1} << 62);
+// Descriptor of a K-major operand in 128-byte swizzled rows (8-row atoms 1024 bytes apart) at shared
+// address `addr`: its low word, which alone changes with the address (k32 step kk of a stage is + 2 * kk,
+// 32 bytes, never carrying out of the 14-bit address field), then the whole descriptor.
+__device__ __forceinline__ uint32_t sw128_desc_lo(uint32_t addr) { return ((addr & 0x3ffff) >> 4) | (1u << 16); }
+__device__ __forceinline__ uint64_t sw128_desc(uint32_t lo) {
+  constexpr uint32_t HI = (1024 >> 4) | (1u << 30);  // stride 1024 bytes; swizzle mode 128 B (bit 62)
+  uint64_t desc;
+  asm("mov.b64 %0, {%1, %2};\n" : "=l"(desc) : "r"(lo), "r"(HI));
+  return desc;
 }
 
-// D[64 x N] (+)= A (registers; s8, or u8 when A_UNSIGNED) x B (shared memory, s8, K-major), s32;
-// N = 64 here and 128 below: the accumulator array's size picks the overload.
-template <bool A_UNSIGNED>
+// D[64 x N] (+)= A (registers, u8) x B (shared memory, s8, K-major), s32; N = 64 here and 128 below:
+// the accumulator array's size picks the overload.
 __device__ __forceinline__ void wgmma_m64k32(int (&d)[32], const uint32_t (&a)[4], uint64_t desc_b, int accumulate) {
-#define QOQ_WGMMA_N64(ATYPE)                                                                          \
-  asm volatile(                                                                                      \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                                \
-      "wgmma.mma_async.sync.aligned.m64n64k32.s32." ATYPE ".s8 {"                                   \
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15," \
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"  \
-      "}, {%32, %33, %34, %35}, %36, p;\n}\n"                                                             \
-      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), \
-        "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), \
-        "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), \
-        "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]) \
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate))
-  if constexpr (A_UNSIGNED) QOQ_WGMMA_N64("u8");
-  else QOQ_WGMMA_N64("s8");
-#undef QOQ_WGMMA_N64
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.s32.u8.s8 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+      "}, {%32, %33, %34, %35}, %36, p;\n}\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
+        "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]),
+        "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]),
+        "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
 }
 
-template <bool A_UNSIGNED>
 __device__ __forceinline__ void wgmma_m64k32(int (&d)[64], const uint32_t (&a)[4], uint64_t desc_b, int accumulate) {
-#define QOQ_WGMMA_N128(ATYPE)                                                                          \
-  asm volatile(                                                                                      \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                                \
-      "wgmma.mma_async.sync.aligned.m64n128k32.s32." ATYPE ".s8 {"                                   \
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15," \
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31," \
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47," \
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"  \
-      "}, {%64, %65, %66, %67}, %68, p;\n}\n"                                                             \
-      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), \
-        "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), \
-        "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), \
-        "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]), \
-        "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]), \
-        "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]), \
-        "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]), \
-        "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63]) \
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate))
-  if constexpr (A_UNSIGNED) QOQ_WGMMA_N128("u8");
-  else QOQ_WGMMA_N128("s8");
-#undef QOQ_WGMMA_N128
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.s32.u8.s8 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, {%64, %65, %66, %67}, %68, p;\n}\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
+        "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]),
+        "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]),
+        "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]),
+        "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]),
+        "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]),
+        "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]),
+        "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
 }
 
 // Block k-step kt into `stage` (shared address): activations [BT tokens][128 k] and the weight tiles
@@ -134,17 +128,32 @@ __device__ __forceinline__ void tma_stage(const CUtensorMap& act_map, const CUte
   tensor_copy_4d(stage + WgmmaSmem<ROWS, BT, 1, 1>::ACT, &w_map, 0, 0, kt * (WG_BK / 32), n_base / 32, bar);
 }
 
-// Per group: the s2 and -z words (this lane's 4 channels of its n-tile) of the TABLE_ROWS table rows
-// of block k-step kt (one per WG_BK / TABLE_ROWS k); zero past N and K (those fragments multiply zero
-// activations or are never stored).
+// A warpgroup's step i (of its k-steps first, first + KW, ...) into its ring slot i % STAGES.
+template <int ROWS, int BT, int STAGES, int KW>
+__device__ __forceinline__ void fill_stage(const CUtensorMap& act_map, const CUtensorMap& w_map, uint32_t ring,
+                                           uint32_t bars, int i, int first, int m_base, int n_base) {
+  tma_stage<ROWS, BT>(act_map, w_map, ring + (i % STAGES) * WgmmaSmem<ROWS, BT, STAGES, KW>::STAGE,
+                      bars + (i % STAGES) * 8, first + i * KW, m_base, n_base);
+}
+
+// Per group: where a lane's s2 and -z words (its 4 channels of its n-tile) lie in every table row.
+struct ScaleColumn {
+  int col;     // row r's words are at byte r * N + col of each table
+  bool valid;  // the channels exist (past N: those fragments are never stored)
+  __device__ __forceinline__ ScaleColumn(const GemmParams& p, int c) : col(c), valid(c < p.N) {}
+};
+
+// Per group: the s2 and -z words of the TABLE_ROWS table rows of block k-step kt (one per
+// WG_BK / TABLE_ROWS k); zero past N and K (those fragments multiply zero activations or are never stored).
 template <int TABLE_ROWS>
-__device__ __forceinline__ void load_step_scales(const GemmParams& p, int kt, int col, uint32_t (&s2)[TABLE_ROWS],
-                                                 uint32_t (&zeros)[TABLE_ROWS]) {
+__device__ __forceinline__ void load_step_scales(const GemmParams& p, const ScaleColumn& c, int kt,
+                                                 uint32_t (&s2)[TABLE_ROWS], uint32_t (&zeros)[TABLE_ROWS]) {
 #pragma unroll
   for (int r = 0; r < TABLE_ROWS; ++r) {
     const int k = kt * WG_BK + r * (WG_BK / TABLE_ROWS);
-    const bool valid = col < p.N && k < p.K;
-    const size_t at = static_cast<size_t>(group_row(k, p.group)) * p.N + col;
+    const bool valid = c.valid && k < p.K;
+    // row * N + col < N * K / 64, a 32nd of the packed weights' bytes: int32 holds it
+    const uint32_t at = static_cast<uint32_t>(group_row(k, p.group) * p.N + c.col);
     s2[r] = valid ? __ldg(reinterpret_cast<const uint32_t*>(p.s2 + at)) : 0;
     zeros[r] = valid ? __ldg(reinterpret_cast<const uint32_t*>(p.s2_zeros + at)) : 0;
   }
@@ -191,12 +200,15 @@ __device__ __forceinline__ void wgmma_store(const GemmParams& p, uint8_t* smem, 
       const bool offset_here = GROUPED && blockIdx.z == 0 && wg == 0 && m_base + token < p.M;
       const int offset = offset_here ? 128 * p.qsum[m_base + token] : 0;
 #pragma unroll
-      for (int hh = 0; hh < H; ++hh)
+      for (int hh = 0; hh < H; ++hh) {
+        // per channel the high-nibble rows (tile rows 16-31) summed 16q: exact multiples of 16
+        const int shift = !GROUPED && (H == 2 ? hh == 1 : (warp & 1) == 1) ? 4 : 0;
 #pragma unroll
         for (int e = 0; e < 2; ++e) {  // channel 32*tile + 16*half + 8e + g
           const int channel = (H == 2 ? 32 * warp + 16 * hh : 16 * warp) + 8 * e + g;
-          tile[token * ROW + channel] = (live ? acc[hh][4 * j + 2 * e + x] : 0) - offset;
+          tile[token * ROW + channel] = (live ? acc[hh][4 * j + 2 * e + x] >> shift : 0) - offset;
         }
+      }
     }
   constexpr int ITEMS = BT * ROWS / 8;  // 8 consecutive channels of a token
   const int splits = gridDim.z;          // the blocks of this tile's cluster
@@ -235,88 +247,89 @@ __device__ __forceinline__ void wgmma_store(const GemmParams& p, uint8_t* smem, 
 }
 #endif  // QOQ_HAS_WGMMA
 
-// 16 packed bytes of one lane -> A fragments of the warp's H wgmmas (GROUPED: W8 + 128 as u8).
-// H = 2: both nibble halves (blocks 0-3); H = 1: the half `half` (blocks 2*half, 2*half + 1).
+// 16 packed bytes of one lane -> u8 A fragments of the warp's H wgmmas. H = 2: both nibble halves
+// (blocks 0-3); H = 1: the half `half` (blocks 2*half, 2*half + 1). Per channel a fragment is the codes
+// with the high nibbles left in place: 16q, so that those rows' sums come out 16 times too large and
+// wgmma_store shifts them back (exact), one LOP3 per register instead of a shift and a LOP3. Per group
+// it is W8 + 128 = q*s2 + bias (shift, LOP3, IMAD). Same-call A/B on the H200, per channel: M = 256
+// 5-14% faster (gate_up_proj 51.4 -> 44.9 us); per group, taking the high nibbles as
+// hi32((16q) * (s2 << 28) + ...) in one IMAD.HI instead of the shift made M = 2048 7-10% slower.
 template <bool GROUPED, int H>
 __device__ __forceinline__ void dequant_fragments(const uint4& packed, const BiasedScales<2 * H>& bs, int half,
                                                   uint32_t (&a)[H][4]) {
   const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
+  const bool high_half = H == 1 && half == 1;  // H = 1: this warp's rows are the tile's rows 16-31
 #pragma unroll
   for (int hh = 0; hh < H; ++hh) {
-    const int shift = 4 * (H == 2 ? hh : half);  // low / high nibbles: tile rows 0-15 / 16-31
 #pragma unroll
     for (int r = 0; r < 4; ++r) {  // fragment r: row g + 8*(r & 1) (n8 block 2*half + (r & 1)), k half r >> 1
-      const uint32_t q = (words[2 * (r >> 1) + (r & 1)] >> shift) & 0x0f0f0f0fu;
-      a[hh][r] = GROUPED ? bs.apply(q, 2 * hh + (r & 1)) : q;
+      const uint32_t w = words[2 * (r >> 1) + (r & 1)];
+      const int block = 2 * hh + (r & 1);
+      const bool high = hh == 1 || high_half;
+      if constexpr (GROUPED) a[hh][r] = bs.apply((w >> (high ? 4 : 0)) & 0x0f0f0f0fu, block);
+      else a[hh][r] = w & (high ? 0xf0f0f0f0u : 0x0f0f0f0fu);
     }
   }
 }
 
-// Block: ROWS channels x BT tokens, KW warpgroups taking alternate k-steps of its K range, each with its
-// own ring and its first thread as the ring's producer. KW = 2 asks for two blocks per SM (at most 128
-// registers a thread); KW = 1 keeps the compiler's own register choice. SCALE_ROWS: 0 per channel,
-// else the s2 / -z rows a k-step spans (1 for groups that are multiples of 128, 2 for other multiples
-// of 64): one row a step saves a warp ~20 of its ~230 instructions a step.
-template <int ROWS, int BT, int STAGES, int SCALE_ROWS, int KW>
-__global__ void __launch_bounds__(KW * WG_THREADS, KW == 1 ? 0 : 2)
-    gemm_wgmma_kernel(const __grid_constant__ CUtensorMap act_map, const __grid_constant__ CUtensorMap w_map,
-                      const GemmParams p) {
+// The k-loop of warpgroup wg of a block: its k-steps wg, wg + KW, ... of the block's K range, through its
+// own ring, whose first stages its first thread (the ring's producer) has already requested. WG is wg as
+// a template argument where the block is one warpgroup (0): everything but the lane's own offsets (stage
+// and barrier addresses, phases, descriptors, scale rows) is then warp-uniform to the compiler, which
+// keeps it in uniform registers; with wg read from threadIdx.x, ptxas recomputed it per lane every step
+// and moved each descriptor by R2UR (with the steps below: the 128x64 tile's two-step loop 529 -> 444
+// SASS instructions per group, 328 -> 232 per channel; M = 256 0.86-0.92x the time). WG = -1 reads
+// `wg_index` (two-warpgroup blocks): a copy of the loop per warpgroup was 4-8% slower at M = 32, 64.
+template <int ROWS, int BT, int STAGES, int SCALE_ROWS, int KW, int WG, int H, int ACC>
+__device__ __forceinline__ void wgmma_k_loop(const CUtensorMap& act_map, const CUtensorMap& w_map, const GemmParams& p,
+                                             uint8_t* smem, int wg_index, int steps, int kt0, int m_base, int n_base,
+                                             int (&acc)[H][ACC]) {
 #if QOQ_HAS_WGMMA
   using S = WgmmaSmem<ROWS, BT, STAGES, KW>;
   constexpr bool GROUPED = SCALE_ROWS > 0;
-  constexpr int H = ROWS / 64, ACC = BT / 2, K_TILES = WG_BK / 32, TABLE_ROWS = GROUPED ? SCALE_ROWS : 1;
-  static_assert(BT * (ROWS + 4) * 4 <= S::RING, "epilogue tiles");
-  extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = smem_raw + ((1024 - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023)) & 1023);
-  const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) % 4, wg = threadIdx.x / WG_THREADS;
+  constexpr int K_TILES = WG_BK / 32, TABLE_ROWS = GROUPED ? SCALE_ROWS : 1;
+  const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) % 4;
   const int tile = H == 2 ? warp : warp >> 1, half = warp & 1;  // half: only for H = 1
-  const int m_base = blockIdx.x * BT, n_base = blockIdx.y * ROWS;
-  const int kt0 = blockIdx.z * p.split_steps;
-  const int steps = min(p.split_steps, (p.K + WG_BK - 1) / WG_BK - kt0);  // >= 1 (K > 0)
-  const int my_steps = (steps - wg + KW - 1) / KW;  // this warpgroup's: k-steps wg, wg + KW, ... (maybe none)
-  uint8_t* ring = smem + wg * S::RING;
-  const uint32_t ring_addr = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
+  const int wg = WG >= 0 ? WG : wg_index;
+  const int my_steps = (steps - wg + KW - 1) / KW;  // maybe none
+  const uint32_t ring = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + wg * S::RING;
   const uint32_t bars = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + S::BARRIERS + wg * STAGES * 8;
-  const bool producer = threadIdx.x % WG_THREADS == 0;
-  const auto fill = [&](int i) {  // this warpgroup's step i into its slot
-    tma_stage<ROWS, BT>(act_map, w_map, ring_addr + (i % STAGES) * S::STAGE, bars + (i % STAGES) * 8,
-                        kt0 + wg + i * KW, m_base, n_base);
-  };
-  if (producer) {
-    for (int s = 0; s < STAGES; ++s) mbarrier_init(bars + s * 8);
-    for (int s = 0; s < min(STAGES, my_steps); ++s) fill(s);
-  }
-  __syncthreads();  // the barriers are initialized before anyone waits on them
-
-  int acc[H][ACC];  // the first wgmma overwrites them (accumulate = 0): no other instruction writes them
+  // the lane's offset in a stage's weight tiles, opaque so that ptxas keeps it instead of recomputing it
+  // from threadIdx.x every step
+  uint32_t lane_w = S::ACT + tile * K_TILES * 512 + lane * 16;  // + stage, + 512 kk
+  asm volatile("" : "+r"(lane_w));
+  const uint8_t* ring_ptr = smem + wg * S::RING;
+  const bool producer = threadIdx.x == wg * WG_THREADS;  // its first STAGES steps are already on their way
   uint32_t a0[K_TILES][H][4], a1[K_TILES][H][4];  // [k32 step][wgmma]; steps alternate between the two
-  const int scale_col = n_base + tile * 32 + 4 * (lane >> 2);
+  const ScaleColumn scales(p, n_base + tile * 32 + 4 * (lane >> 2));
   uint32_t s2_next[TABLE_ROWS] = {}, zeros_next[TABLE_ROWS] = {};  // per group: the next step's scale words
-  if (GROUPED && my_steps > 0) load_step_scales(p, kt0 + wg, scale_col, s2_next, zeros_next);
+  if (GROUPED && my_steps > 0) load_step_scales(p, scales, kt0 + wg, s2_next, zeros_next);
   const auto step = [&](int i, uint32_t (&a)[K_TILES][H][4]) {
-    const uint8_t* stage = ring + (i % STAGES) * S::STAGE;
+    const int stage = (i % STAGES) * S::STAGE;
     BiasedScales<2 * H> bs[TABLE_ROWS] = {};
     if constexpr (GROUPED) {
 #pragma unroll
       for (int r = 0; r < TABLE_ROWS; ++r)
         bs[r] = unpack_biased_scales<2 * H>(s2_next[r], zeros_next[r], H == 2 ? 0 : 2 * half);
-      if (i + 1 < my_steps) load_step_scales(p, kt0 + wg + (i + 1) * KW, scale_col, s2_next, zeros_next);
+      if (i + 1 < my_steps) load_step_scales(p, scales, kt0 + wg + (i + 1) * KW, s2_next, zeros_next);
     }
     mbarrier_wait(bars + (i % STAGES) * 8, (i / STAGES) & 1);
 #pragma unroll
     for (int kk = 0; kk < K_TILES; ++kk) {
-      const uint4 packed = *reinterpret_cast<const uint4*>(stage + S::ACT + (tile * K_TILES + kk) * 512 + lane * 16);
+      const uint4 packed = *reinterpret_cast<const uint4*>(ring_ptr + stage + lane_w + kk * 512);
       dequant_fragments<GROUPED, H>(packed, bs[kk * TABLE_ROWS / K_TILES], half, a[kk]);
     }
-    const uint64_t desc = sw128_desc(stage);
+    const uint32_t desc = sw128_desc_lo(ring + stage);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < K_TILES; ++kk)
 #pragma unroll
-      for (int hh = 0; hh < H; ++hh) wgmma_m64k32<GROUPED>(acc[hh], a[kk][hh], desc + 2 * kk, i > 0 || kk > 0);
+      for (int hh = 0; hh < H; ++hh)
+        wgmma_m64k32(acc[hh], a[kk][hh], sw128_desc(desc + 2 * kk), i > 0 || kk > 0);
     wgmma_commit();
     wgmma_wait<1>();  // step i-1's wgmmas are complete: its slot takes step i-1 + STAGES
-    if (producer && i > 0 && i - 1 + STAGES < my_steps) fill(i - 1 + STAGES);
+    if (producer && i > 0 && i - 1 + STAGES < my_steps)
+      fill_stage<ROWS, BT, STAGES, KW>(act_map, w_map, ring, bars, i - 1 + STAGES, kt0 + wg, m_base, n_base);
   };
   // Pairs, then an odd last step outside the loop: a conditional second step inside it would give
   // ptxas a path that redefines a0 while its wgmmas may still run, and it serializes every wgmma.
@@ -329,7 +342,43 @@ __global__ void __launch_bounds__(KW * WG_THREADS, KW == 1 ? 0 : 2)
   wgmma_wait<0>();
 #pragma unroll
   for (int hh = 0; hh < H; ++hh) fence_operands(acc[hh]);  // no read of them moves above the last wait
-  wgmma_store<ROWS, BT, GROUPED, KW, H, ACC>(p, smem, acc, my_steps, m_base, n_base, lane, warp, wg);
+#endif
+}
+
+// Block: ROWS channels x BT tokens, KW warpgroups taking alternate k-steps of its K range (wgmma_k_loop).
+// KW = 2 asks for two blocks per SM (at most 128 registers a thread); KW = 1 keeps the compiler's own
+// register choice. SCALE_ROWS: 0 per channel, else the s2 / -z rows a k-step spans (1 for groups that
+// are multiples of 128, 2 for other multiples of 64): one row a step saves a warp ~20 instructions.
+template <int ROWS, int BT, int STAGES, int SCALE_ROWS, int KW>
+__global__ void __launch_bounds__(KW * WG_THREADS, KW == 1 ? 0 : 2)
+    gemm_wgmma_kernel(const __grid_constant__ CUtensorMap act_map, const __grid_constant__ CUtensorMap w_map,
+                      const GemmParams p) {
+#if QOQ_HAS_WGMMA
+  using S = WgmmaSmem<ROWS, BT, STAGES, KW>;
+  constexpr int H = ROWS / 64, ACC = BT / 2;
+  static_assert(BT * (ROWS + 4) * 4 <= S::RING, "epilogue tiles");
+  // 1024-byte aligned for the swizzle atoms (the dynamic window starts past the 1 KB the driver keeps);
+  // trusted by the compiler, so that no step recomputes an alignment, and checked once
+  extern __shared__ __align__(1024) uint8_t wgmma_smem[];
+  uint8_t* smem = wgmma_smem;
+  if (threadIdx.x == 0 && (static_cast<uint32_t>(__cvta_generic_to_shared(smem)) & 1023) != 0) __trap();
+  const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) % 4, wg = threadIdx.x / WG_THREADS;
+  const int m_base = blockIdx.x * BT, n_base = blockIdx.y * ROWS;
+  const int kt0 = blockIdx.z * p.split_steps;
+  const int steps = min(p.split_steps, (p.K + WG_BK - 1) / WG_BK - kt0);  // >= 1 (K > 0)
+  const int my_steps = (steps - wg + KW - 1) / KW;  // this warpgroup's: k-steps wg, wg + KW, ... (maybe none)
+  if (threadIdx.x % WG_THREADS == 0) {  // each warpgroup's producer: its barriers and first stages
+    const uint32_t ring = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + wg * S::RING;
+    const uint32_t bars = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + S::BARRIERS + wg * STAGES * 8;
+    for (int s = 0; s < STAGES; ++s) mbarrier_init(bars + s * 8);
+    for (int s = 0; s < min(STAGES, my_steps); ++s)
+      fill_stage<ROWS, BT, STAGES, KW>(act_map, w_map, ring, bars, s, kt0 + wg, m_base, n_base);
+  }
+  __syncthreads();  // the barriers are initialized before anyone waits on them (and outside the branch below)
+  int acc[H][ACC];  // the first wgmma overwrites them (accumulate = 0): no other instruction writes them
+  wgmma_k_loop<ROWS, BT, STAGES, SCALE_ROWS, KW, KW == 1 ? 0 : -1>(act_map, w_map, p, smem, wg, steps, kt0, m_base,
+                                                                  n_base, acc);
+  wgmma_store<ROWS, BT, SCALE_ROWS != 0, KW, H, ACC>(p, smem, acc, my_steps, m_base, n_base, lane, warp, wg);
 #endif
 }
 
