@@ -86,15 +86,17 @@ def auto_variant(m: int, n: int, k: int, group: int, multiprocessors: int, hoppe
 
 def _wgmma_variant(m: int, n: int, k: int, multiprocessors: int) -> str:
     """The Hopper tile for M > 16, fit to the H200 sweep in bench/results/gemm_h200.json (every pick within
-    3% of the fastest variant at M = 32..2048, per group and per channel). The kernels split K over
-    clusters where a grid leaves SM slots empty (csrc/gemm_w4a8.cu, wgmma_splits)."""
+    7% of the fastest variant at M = 32..2048, per group and per channel; 46 of the 56 are the fastest).
+    The kernels split K over clusters where a grid leaves SM slots empty (csrc/gemm_w4a8.cu, wgmma_splits)."""
     blocks128 = -(-m // 128) * -(-n // 128)  # 128x128 tiles, 2 per SM
     blocks64 = -(-m // 64) * -(-n // 128)  # 128x64 tiles, 3 per SM
     if blocks128 >= 0.9 * multiprocessors:
         # Fewest waves, each weighted by a wave's time relative to wg128x64's: one of 128x128 blocks
-        # takes about as long (218-237 registers, 2 per SM, where 128x64 runs 3); a grid just under one
-        # wave is split in two, each half a wave shorter (M = 512 down_proj g128: 43.0 vs 54.6 us).
-        waves128 = -(-blocks128 // (2 * multiprocessors)) * (0.8 if blocks128 < multiprocessors else 1.01)
+        # takes about as long (218-224 registers, 2 per SM, where 128x64 runs 3); a grid just under one
+        # wave is split in two, each half a wave shorter, which pays off for long K (M = 512 down_proj
+        # g128: 40.4 vs 48.6 us) but not at K = 4096 (o_proj per channel: 21.2 vs 18.4 us).
+        split_gain = 0.8 if blocks128 < multiprocessors and k >= 8192 else 1.01
+        waves128 = -(-blocks128 // (2 * multiprocessors)) * split_gain
         return "wg128x128" if waves128 < -(-blocks64 // (3 * multiprocessors)) else "wg128x64"
     # Fewer tiles: 128x64 ones (split in two under one wave) where they give a wave of blocks, or from
     # 96 blocks at M <= 32, where a 64-token tile is half empty (qkv_proj g128 M=32 16.4 vs 19.1 us), or
