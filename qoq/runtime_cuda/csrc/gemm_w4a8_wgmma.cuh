@@ -279,7 +279,8 @@ __device__ __forceinline__ void dequant_fragments(const uint4& packed, const Bia
 // keeps it in uniform registers; with wg read from threadIdx.x, ptxas recomputed it per lane every step
 // and moved each descriptor by R2UR (with the steps below: the 128x64 tile's two-step loop 529 -> 444
 // SASS instructions per group, 328 -> 232 per channel; M = 256 0.86-0.92x the time). WG = -1 reads
-// `wg_index` (two-warpgroup blocks): a copy of the loop per warpgroup was 4-8% slower at M = 32, 64.
+// `wg_index` (two-warpgroup blocks): a copy of the loop per warpgroup does not help there, since code
+// under a branch on threadIdx.x is not uniform to the compiler either (cuobjdump: the same R2UR moves).
 template <int ROWS, int BT, int STAGES, int SCALE_ROWS, int KW, int WG, int H, int ACC>
 __device__ __forceinline__ void wgmma_k_loop(const CUtensorMap& act_map, const CUtensorMap& w_map, const GemmParams& p,
                                              uint8_t* smem, int wg_index, int steps, int kt0, int m_base, int n_base,
