@@ -272,18 +272,17 @@ __device__ __forceinline__ void dequant_fragments(const uint4& packed, const Bia
   }
 }
 
-// The k-loop of warpgroup wg of a block: its k-steps wg, wg + KW, ... of the block's K range, through its
-// own ring, whose first stages its first thread (the ring's producer) has already requested. WG is wg as
-// a template argument where the block is one warpgroup (0): everything but the lane's own offsets (stage
-// and barrier addresses, phases, descriptors, scale rows) is then warp-uniform to the compiler, which
-// keeps it in uniform registers; with wg read from threadIdx.x, ptxas recomputed it per lane every step
-// and moved each descriptor by R2UR (with the steps below: the 128x64 tile's two-step loop 529 -> 444
-// SASS instructions per group, 328 -> 232 per channel; M = 256 0.86-0.92x the time). WG = -1 reads
-// `wg_index` (two-warpgroup blocks): a copy of the loop per warpgroup does not help there, since code
-// under a branch on threadIdx.x is not uniform to the compiler either (cuobjdump: the same R2UR moves).
-template <int ROWS, int BT, int STAGES, int SCALE_ROWS, int KW, int WG, int H, int ACC>
+// The k-loop of one warpgroup of a block: its k-steps wg, wg + KW, ... of the block's K range, through its
+// own ring, whose first stages its first thread (the ring's producer) has already requested. The
+// warpgroup index is warp-uniform to the compiler (a constant, or a shuffle from lane 0: derived from
+// threadIdx.x it is not, even under a branch on it), so everything but the lane's own offsets (stage and
+// barrier addresses, phases, descriptors, scale rows) stays in uniform registers; with wg read from
+// threadIdx.x, ptxas recomputed it per lane every step and moved each descriptor by R2UR (with the steps
+// below: the 128x64 tile's two-step loop 529 -> 444 SASS instructions per group, 328 -> 232 per channel,
+// M = 256 0.86-0.92x the time; the two-warpgroup 64x64 tile's 432 -> 380 per group).
+template <int ROWS, int BT, int STAGES, int SCALE_ROWS, int KW, int H, int ACC>
 __device__ __forceinline__ void wgmma_k_loop(const CUtensorMap& act_map, const CUtensorMap& w_map, const GemmParams& p,
-                                             uint8_t* smem, int wg_index, int steps, int kt0, int m_base, int n_base,
+                                             uint8_t* smem, int steps, int kt0, int m_base, int n_base,
                                              int (&acc)[H][ACC]) {
 #if QOQ_HAS_WGMMA
   using S = WgmmaSmem<ROWS, BT, STAGES, KW>;
@@ -291,7 +290,7 @@ __device__ __forceinline__ void wgmma_k_loop(const CUtensorMap& act_map, const C
   constexpr int K_TILES = WG_BK / 32, TABLE_ROWS = GROUPED ? SCALE_ROWS : 1;
   const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) % 4;
   const int tile = H == 2 ? warp : warp >> 1, half = warp & 1;  // half: only for H = 1
-  const int wg = WG >= 0 ? WG : wg_index;
+  const int wg = KW == 1 ? 0 : __shfl_sync(0xffffffffu, threadIdx.x / WG_THREADS, 0);
   const int my_steps = (steps - wg + KW - 1) / KW;  // maybe none
   const uint32_t ring = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + wg * S::RING;
   const uint32_t bars = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + S::BARRIERS + wg * STAGES * 8;
@@ -377,8 +376,7 @@ __global__ void __launch_bounds__(KW * WG_THREADS, KW == 1 ? 0 : 2)
   }
   __syncthreads();  // the barriers are initialized before anyone waits on them (and outside the branch below)
   int acc[H][ACC];  // the first wgmma overwrites them (accumulate = 0): no other instruction writes them
-  wgmma_k_loop<ROWS, BT, STAGES, SCALE_ROWS, KW, KW == 1 ? 0 : -1>(act_map, w_map, p, smem, wg, steps, kt0, m_base,
-                                                                  n_base, acc);
+  wgmma_k_loop<ROWS, BT, STAGES, SCALE_ROWS, KW>(act_map, w_map, p, smem, steps, kt0, m_base, n_base, acc);
   wgmma_store<ROWS, BT, SCALE_ROWS != 0, KW, H, ACC>(p, smem, acc, my_steps, m_base, n_base, lane, warp, wg);
 #endif
 }
