@@ -73,7 +73,7 @@ def auto_variant(m: int, n: int, k: int, group: int, multiprocessors: int, hoppe
     if gemv_ok and m <= 16:
         return "gemv"
     if hopper:  # from M = 17 (H200, M = 32: o_proj g128 9.9 vs 10.1 us for the GEMV, qkv_proj 16.4 vs 26.5)
-        return _wgmma_variant(m, n, k, multiprocessors)
+        return _wgmma_variant(m, n, k, group, multiprocessors)
     if gemv_ok and (m <= 32 or (m <= GEMV_MAX_M and n <= 4096 and k <= 4096)):
         return "gemv"
     # Below ~2 waves of 128x128 tiles, 64-row blocks (split K when under one wave); beyond, 128-row
@@ -84,10 +84,11 @@ def auto_variant(m: int, n: int, k: int, group: int, multiprocessors: int, hoppe
     return "tiled64w"
 
 
-def _wgmma_variant(m: int, n: int, k: int, multiprocessors: int) -> str:
+def _wgmma_variant(m: int, n: int, k: int, group: int, multiprocessors: int) -> str:
     """The Hopper tile for M > 16, fit to the H200 sweep in bench/results/gemm_h200.json (every pick within
-    7% of the fastest variant at M = 32..2048, per group and per channel; 46 of the 56 are the fastest).
-    The kernels split K over clusters where a grid leaves SM slots empty (csrc/gemm_w4a8.cu, wgmma_splits)."""
+    7% of the fastest variant at M = 32..2048, per group and per channel; 48 of the 56 are
+    the fastest). The kernels split K over clusters where a grid leaves SM slots empty
+    (csrc/gemm_w4a8.cu, wgmma_splits)."""
     blocks128 = -(-m // 128) * -(-n // 128)  # 128x128 tiles, 2 per SM
     blocks64 = -(-m // 64) * -(-n // 128)  # 128x64 tiles, 3 per SM
     if blocks128 >= 0.9 * multiprocessors:
@@ -98,11 +99,16 @@ def _wgmma_variant(m: int, n: int, k: int, multiprocessors: int) -> str:
         split_gain = 0.8 if blocks128 < multiprocessors and k >= 8192 else 1.01
         waves128 = -(-blocks128 // (2 * multiprocessors)) * split_gain
         return "wg128x128" if waves128 < -(-blocks64 // (3 * multiprocessors)) else "wg128x64"
+    # Per channel, where 128x64 tiles would fill one to two blocks per SM, 64x64 tiles (4 per SM, split in
+    # two): their one-LOP3 dequantization makes them the faster (qkv_proj M=128 per channel 15.9 vs
+    # 17.4 us; per group the 128x64 tile, 19.7 vs 21.9).
+    if group == -1 and multiprocessors <= blocks64 < 2 * multiprocessors:
+        return "wg64x64"
     # Fewer tiles: 128x64 ones (split in two under one wave) where they give a wave of blocks, or from
-    # 96 blocks at M <= 32, where a 64-token tile is half empty (qkv_proj g128 M=32 16.4 vs 19.1 us), or
-    # for long K (down_proj g128 M=256 31.6 vs 34.7); else 64x64 tiles of two warpgroups, split in two
-    # under one wave (o_proj g128 M=64 9.8 us against 12.1 for 128x64 and 15.7 for the GEMV).
-    if blocks64 >= multiprocessors or (blocks64 >= 96 and (m <= 32 or k >= 8192)):
+    # 96 blocks at M <= 32, where a 64-token tile is half empty (qkv_proj g128 M=32 15.8 vs 18.5 us);
+    # else 64x64 tiles of two warpgroups, split in two under one wave (o_proj g128 M=64 9.8 us against
+    # 11.6 for 128x64 and 15.5 for the GEMV; M=256 13.9 against 15.2).
+    if blocks64 >= multiprocessors or (blocks64 >= 96 and m <= 32):
         return "wg128x64"
     return "wg64x64k2"
 
