@@ -54,6 +54,13 @@ struct WgmmaSmem {
   static constexpr int RING = STAGES * STAGE;             // one warpgroup's stages
   static constexpr int BARRIERS = KW * RING;              // then [KW][STAGES] mbarriers
   static constexpr int TOTAL = BARRIERS + KW * STAGES * 8;
+  // shared addresses of warpgroup wg's ring and of its mbarriers, from the block's base
+  static __device__ __forceinline__ uint32_t ring(const uint8_t* smem, int wg) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + wg * RING;
+  }
+  static __device__ __forceinline__ uint32_t bars(const uint8_t* smem, int wg) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + BARRIERS + wg * STAGES * 8;
+  }
 };
 
 #if QOQ_HAS_WGMMA
@@ -292,8 +299,7 @@ __device__ __forceinline__ void wgmma_k_loop(const CUtensorMap& act_map, const C
   const int tile = H == 2 ? warp : warp >> 1, half = warp & 1;  // half: only for H = 1
   const int wg = KW == 1 ? 0 : __shfl_sync(0xffffffffu, threadIdx.x / WG_THREADS, 0);
   const int my_steps = (steps - wg + KW - 1) / KW;  // maybe none
-  const uint32_t ring = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + wg * S::RING;
-  const uint32_t bars = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + S::BARRIERS + wg * STAGES * 8;
+  const uint32_t ring = S::ring(smem, wg), bars = S::bars(smem, wg);
   // the lane's offset in a stage's weight tiles, opaque so that ptxas keeps it instead of recomputing it
   // from threadIdx.x every step
   uint32_t lane_w = S::ACT + tile * K_TILES * 512 + lane * 16;  // + stage, + 512 kk
@@ -368,13 +374,12 @@ __global__ void __launch_bounds__(KW * WG_THREADS, KW == 1 ? 0 : 2)
   const int steps = min(p.split_steps, (p.K + WG_BK - 1) / WG_BK - kt0);  // >= 1 (K > 0)
   const int my_steps = (steps - wg + KW - 1) / KW;  // this warpgroup's: k-steps wg, wg + KW, ... (maybe none)
   if (threadIdx.x % WG_THREADS == 0) {  // each warpgroup's producer: its barriers and first stages
-    const uint32_t ring = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + wg * S::RING;
-    const uint32_t bars = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + S::BARRIERS + wg * STAGES * 8;
+    const uint32_t ring = S::ring(smem, wg), bars = S::bars(smem, wg);
     for (int s = 0; s < STAGES; ++s) mbarrier_init(bars + s * 8);
     for (int s = 0; s < min(STAGES, my_steps); ++s)
       fill_stage<ROWS, BT, STAGES, KW>(act_map, w_map, ring, bars, s, kt0 + wg, m_base, n_base);
   }
-  __syncthreads();  // the barriers are initialized before anyone waits on them (and outside the branch below)
+  __syncthreads();  // the barriers are initialized before anyone waits on them
   int acc[H][ACC];  // the first wgmma overwrites them (accumulate = 0): no other instruction writes them
   wgmma_k_loop<ROWS, BT, STAGES, SCALE_ROWS, KW>(act_map, w_map, p, smem, steps, kt0, m_base, n_base, acc);
   wgmma_store<ROWS, BT, SCALE_ROWS != 0, KW, H, ACC>(p, smem, acc, my_steps, m_base, n_base, lane, warp, wg);
