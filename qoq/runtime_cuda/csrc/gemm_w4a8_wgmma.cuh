@@ -125,22 +125,18 @@ __device__ __forceinline__ void wgmma_m64k32(int (&d)[64], const uint32_t (&a)[4
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
 }
 
-// Block k-step kt into `stage` (shared address): activations [BT tokens][128 k] and the weight tiles
-// [ROWS/32 n-tiles][4 k-tiles][512 B]; zeros past M, N and K, so a K tail multiplies zeros.
-template <int ROWS, int BT>
-__device__ __forceinline__ void tma_stage(const CUtensorMap& act_map, const CUtensorMap& w_map, uint32_t stage,
-                                          uint32_t bar, int kt, int m_base, int n_base) {
-  mbarrier_expect_tx(bar, WgmmaSmem<ROWS, BT, 1, 1>::ACT + WgmmaSmem<ROWS, BT, 1, 1>::W);
-  tensor_copy_2d(stage, &act_map, kt * WG_BK, m_base, bar);
-  tensor_copy_4d(stage + WgmmaSmem<ROWS, BT, 1, 1>::ACT, &w_map, 0, 0, kt * (WG_BK / 32), n_base / 32, bar);
-}
-
-// A warpgroup's step i (of its k-steps first, first + KW, ...) into its ring slot i % STAGES.
+// A warpgroup's step i (its k-step first + i * KW) into its ring slot i % STAGES: the activations
+// [BT tokens][128 k] and the weight tiles [ROWS/32 n-tiles][4 k-tiles][512 B], counted on the slot's
+// mbarrier; zeros past M, N and K, so a K tail multiplies zeros.
 template <int ROWS, int BT, int STAGES, int KW>
 __device__ __forceinline__ void fill_stage(const CUtensorMap& act_map, const CUtensorMap& w_map, uint32_t ring,
                                            uint32_t bars, int i, int first, int m_base, int n_base) {
-  tma_stage<ROWS, BT>(act_map, w_map, ring + (i % STAGES) * WgmmaSmem<ROWS, BT, STAGES, KW>::STAGE,
-                      bars + (i % STAGES) * 8, first + i * KW, m_base, n_base);
+  using S = WgmmaSmem<ROWS, BT, STAGES, KW>;
+  const uint32_t stage = ring + (i % STAGES) * S::STAGE, bar = bars + (i % STAGES) * 8;
+  const int kt = first + i * KW;
+  mbarrier_expect_tx(bar, S::ACT + S::W);
+  tensor_copy_2d(stage, &act_map, kt * WG_BK, m_base, bar);
+  tensor_copy_4d(stage + S::ACT, &w_map, 0, 0, kt * (WG_BK / 32), n_base / 32, bar);
 }
 
 // Per group: where a lane's s2 and -z words (its 4 channels of its n-tile) lie in every table row.
