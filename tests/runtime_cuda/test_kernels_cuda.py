@@ -31,6 +31,13 @@ def _artifact(n: int, k: int, group_size: int, seed: int) -> dict:
     return export_linear("w", quantize_weight(w, group_size), bias)
 
 
+def _kernel_accumulators(qx: torch.Tensor, qweight: torch.Tensor, variant: str, **terms) -> torch.Tensor:
+    """The kernel's int32 accumulators [M, N], written over a poisoned buffer: every element must be written."""
+    acc = torch.full((qx.shape[0], qweight.shape[0]), -(2**31), dtype=torch.int32, device=DEV)
+    w4a8_accumulators(qx, qweight, out=acc, variant=variant, **terms)
+    return acc
+
+
 def _gemm_args(t: dict) -> dict:
     names = ("s2_scales", "s2_zeros", "s1_szeros", "bias")
     return {k: t[f"w.{k}"] for k in names if f"w.{k}" in t}
@@ -63,8 +70,7 @@ def test_gemm_accumulators_exact_and_outputs_close(group_size, n, k):
         y_ref = reference_gemm(qx, s_x, t["w.qweight"], t["w.s1_scales"], out_dtype=torch.float32, **args)
         args["qsum"] = s2.get("qsum")
         for variant in variants:
-            acc = torch.full((m, n), -(2**31), dtype=torch.int32, device=DEV)  # poison: every element is written
-            w4a8_accumulators(qx, t["w.qweight"], out=acc, variant=variant, **s2)
+            acc = _kernel_accumulators(qx, t["w.qweight"], variant, **s2)
             assert torch.equal(acc.long(), acc_ref), (m, variant)
             y = torch.full((m, n), float("nan"), dtype=torch.float16, device=DEV)
             w4a8_gemm(qx, s_x, t["w.qweight"], t["w.s1_scales"], out=y, variant=variant, **args)
@@ -82,8 +88,7 @@ def test_gemm_groups_beyond_128(group_size, n, k):
         qx = torch.randint(-127, 128, (m, k), dtype=torch.int8, device=DEV)
         acc_ref = reference_accumulators(qx, t["w.qweight"], **s2)
         for variant in TILED + WGMMA:
-            acc = torch.full((m, n), -(2**31), dtype=torch.int32, device=DEV)
-            w4a8_accumulators(qx, t["w.qweight"], out=acc, variant=variant, qsum=qx.sum(dim=1, dtype=torch.int32), **s2)
+            acc = _kernel_accumulators(qx, t["w.qweight"], variant, qsum=qx.sum(dim=1, dtype=torch.int32), **s2)
             assert torch.equal(acc.long(), acc_ref), (m, variant)
 
 
@@ -106,9 +111,7 @@ def test_gemm_level2_scale_16_and_zero_codes():
             qx = torch.randint(-127, 128, (m, k), dtype=torch.int8, device=DEV)
             acc_ref = reference_accumulators(qx, t["w.qweight"], **s2)
             for variant in VARIANTS_BY_M[m]:
-                acc = torch.full((m, n), -(2**31), dtype=torch.int32, device=DEV)
-                w4a8_accumulators(qx, t["w.qweight"], out=acc, variant=variant,
-                                  qsum=qx.sum(dim=1, dtype=torch.int32), **s2)
+                acc = _kernel_accumulators(qx, t["w.qweight"], variant, qsum=qx.sum(dim=1, dtype=torch.int32), **s2)
                 assert torch.equal(acc.long(), acc_ref), (group_size, m, variant)
 
 
@@ -125,8 +128,7 @@ def test_persistent_gemv_exact_over_column_blocks_and_repeats():
             for m in (1, 3, 4, 9, 16):
                 qx = torch.randint(-127, 128, (m, k), dtype=torch.int8, device=DEV)
                 acc_ref = reference_accumulators(qx, t["w.qweight"], **s2)
-                acc = torch.full((m, n), -(2**31), dtype=torch.int32, device=DEV)
-                w4a8_accumulators(qx, t["w.qweight"], out=acc, variant="gemv16p", **s2)
+                acc = _kernel_accumulators(qx, t["w.qweight"], "gemv16p", **s2)
                 bad = int((acc.long() != acc_ref).sum())
                 if bad:
                     failures.append((group_size, k, rep, m, bad))
@@ -146,8 +148,7 @@ def test_wgmma_accumulators_exact_over_repeats(group_size):
                 qx = torch.randint(-127, 128, (m, k), dtype=torch.int8, device=DEV)
                 acc_ref = reference_accumulators(qx, t["w.qweight"], **s2)
                 for variant in WGMMA:
-                    acc = torch.full((m, n), -(2**31), dtype=torch.int32, device=DEV)
-                    w4a8_accumulators(qx, t["w.qweight"], out=acc, variant=variant, **s2)
+                    acc = _kernel_accumulators(qx, t["w.qweight"], variant, **s2)
                     bad = int((acc.long() != acc_ref).sum())
                     if bad:
                         failures.setdefault(variant, []).append((n, k, m, bad))
