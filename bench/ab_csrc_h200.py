@@ -7,7 +7,9 @@ drift falls on both sides. The committed outputs of this session's runs are in b
     git archive HEAD qoq/runtime_cuda/csrc | tar -x -C old_csrc --strip-components=3
     python bench/ab_csrc_h200.py --old old_csrc --new qoq/runtime_cuda/csrc --cases gemv --out $OUT
 
-`--cases decode` times the decode attention kernel (pinned splits and ring stages) instead.
+`--cases decode` times the decode attention kernel (pinned splits and ring stages) instead. `--pdl`
+times one tree's GEMMs launched plainly (column "off") and as programmatic dependents ("on";
+w4a8_gemm's enable_pdl) instead of two trees.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import bench.attention_h200 as attention_bench  # noqa: E402
 import bench.gemm_h200 as gemm_bench  # noqa: E402
 from bench.timing import time_graph  # noqa: E402
-from qoq.runtime_cuda import attention, gemm  # noqa: E402
+from qoq.runtime_cuda import attention, gemm, quant_kernels  # noqa: E402
 from qoq.runtime_cuda.build import build_tree  # noqa: E402
 
 LLAMA2 = ((4096, 4096), (12288, 4096), (22016, 4096), (4096, 11008))  # o, qkv, gate_up, down (N, K)
@@ -46,6 +48,8 @@ CASES = {  # (N, K, M, group, variant)
                  for v in ("gemv", "gemv16", "gemv16p")],
     # the persistent GEMV alone
     "gemv16p": [(n, k, m, g, "gemv16p") for n, k in LLAMA2 for m in (1, 4, 16) for g in (128, -1)],
+    # a linear's two kernels (quant_tokens, then the GEMM auto_variant picks) at decode and prefill sizes
+    "linear": [(n, k, m, g, "auto") for n, k in LLAMA2 for m in (1, 16, 256) for g in (128, -1)],
     # decode attention (model, batch, length, splits, stages): the plan's launch at the B >= 64 rows of
     # the summary, one-wave and multi-wave, and split launches (the cross-split merge)
     "decode": [("llama3-8b", 64, 512, 1, 2), ("llama3-8b", 64, 1536, 1, 2), ("llama3-8b", 256, 512, 1, 3),
@@ -72,26 +76,37 @@ def decode_calls(model: str, batch: int, length: int, splits: int, stages: int):
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--old", type=Path, required=True)
+    ap.add_argument("--old", type=Path)
+    ap.add_argument("--pdl", action="store_true", help="--new alone, without and with enable_pdl")
     ap.add_argument("--new", type=Path, required=True)
     ap.add_argument("--cases", choices=sorted(CASES), required=True)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--build-root", type=Path, default=Path("build/cuda"))
     args = ap.parse_args()
     family = attention if args.cases == "decode" else gemm
-    mods = {name: build(name, tree, args.build_root, family) for name, tree in (("old", args.old), ("new", args.new))}
+    if args.pdl:  # side -> (module, enable_pdl)
+        new = build("new", args.new, args.build_root, family)
+        sides = {"off": (new, False), "on": (new, True)}
+    else:
+        sides = {name: (build(name, tree, args.build_root, family), False)
+                 for name, tree in (("old", args.old), ("new", args.new))}
     rows = []
     for case in CASES[args.cases]:
         if family is attention:
             row, make_calls = dict(zip(("model", "batch", "length", "splits", "stages"), case)), decode_calls(*case)
         else:
             row = dict(zip(("n", "k", "m", "group", "variant"), case))
-            make_calls = lambda n=case[0], k=case[1], m=case[2], g=case[3], v=case[4]: gemm_bench.w4a8_calls(m, n, k, g, v)  # noqa: E731
-        times: dict[str, list[float]] = {"old": [], "new": []}
+            make_calls = lambda pdl, n=case[0], k=case[1], m=case[2], g=case[3], v=case[4]: gemm_bench.w4a8_calls(  # noqa: E731
+                m, n, k, g, v, enable_pdl=pdl, quantize=args.cases == "linear")
+        times: dict[str, list[float]] = {name: [] for name in sides}
+        first, second = sides
         for rep in range(4):
-            for name in ("old", "new") if rep % 2 == 0 else ("new", "old"):
-                family.extension = lambda mod=mods[name]: mod  # the wrappers call <family>.extension()
-                times[name].append(round(time_graph(make_calls()), 2))
+            for name in (first, second) if rep % 2 == 0 else (second, first):
+                mod, pdl = sides[name]
+                family.extension = lambda mod=mod: mod  # the wrappers call <family>.extension()
+                if family is gemm:
+                    quant_kernels.extension = family.extension
+                times[name].append(round(time_graph(make_calls() if family is attention else make_calls(pdl)), 2))
         rows.append(dict(row, **times))
         print(rows[-1], flush=True)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -5,6 +5,8 @@
 1. builds the extension (qoq/runtime_cuda/build.py) and times it;
 2. speed on Llama-2-7B shapes vs torch fp16 F.linear, INT8 torch._int_mm, FP8 torch._scaled_mm:
    CUDA-graph replays over rotating input sets (> 3x L2, so weights come from HBM), median of 40;
+   the W4A8 GEMMs launched as CudaW4A8Linear launches them (on Hopper each is a programmatic
+   dependent, starting while the one ahead of it ends), auto_variant's pick also plainly ("auto_no_pdl");
 3. correctness (after the timings, so a timeout cuts checks rather than numbers): every M x (N, K)
    of four models, per group and per channel, every kernel variant: int32 accumulators exact vs the
    integer reference, fp16 rel. error < 1e-3 (outputs poisoned first); fused quantizers: codes
@@ -133,7 +135,9 @@ def check_fused() -> list[dict]:
     return rows
 
 
-def w4a8_calls(m, n, k, group, variant):
+def w4a8_calls(m, n, k, group, variant, enable_pdl=True, quantize=False):
+    """One GEMM call per input set, launched as CudaW4A8Linear launches it (enable_pdl); `quantize`: each
+    call first quantizes its fp16 tokens (quant_tokens, the kernel a linear runs just ahead)."""
     sets = n_sets(n * k // 2 + m * k, MAX_SETS)
     calls = []
     for _ in range(sets):
@@ -146,8 +150,19 @@ def w4a8_calls(m, n, k, group, variant):
             s2 = torch.randint(1, 17, (k // group, n), dtype=torch.int8, device=DEV)
             extra = dict(s2_scales=s2, s2_zeros=-torch.randint(0, 100, (k // group, n), dtype=torch.int8, device=DEV),
                          qsum=qx.sum(dim=1, dtype=torch.int32))
-        calls.append(lambda qx=qx, s_x=s_x, qw=qw, s1=s1, e=extra: w4a8_gemm(qx, s_x, qw, s1, variant=variant, **e))
+        if quantize:
+            calls.append(lambda x=torch.randn(m, k, device=DEV).half(), qw=qw, s1=s1, e=extra:
+                         _quantized_gemm(x, qw, s1, group, variant, enable_pdl, e))
+        else:
+            calls.append(lambda qx=qx, s_x=s_x, qw=qw, s1=s1, e=extra:
+                         w4a8_gemm(qx, s_x, qw, s1, variant=variant, enable_pdl=enable_pdl, **e))
     return calls
+
+
+def _quantized_gemm(x, qw, s1, group, variant, enable_pdl, terms):
+    qx, s_x, sums = quant_kernels.quant_tokens(x, sums="inputs" if group == -1 else "codes")
+    terms = dict(terms, **({"xsum": sums} if group == -1 else {"qsum": sums}))
+    return w4a8_gemm(qx, s_x, qw, s1, variant=variant, enable_pdl=enable_pdl, **terms)
 
 
 def baseline_calls(kind, m, n, k):
@@ -172,13 +187,19 @@ def baseline_calls(kind, m, n, k):
     return calls, m_run
 
 
-def bench_shape(n, k, m, group) -> list[dict]:
-    """Every kernel variant; the "auto" rows are derived afterwards (with_auto)."""
-    rows = []
-    for variant in bench_variants_for(m):
-        us = time_graph(w4a8_calls(m, n, k, group, variant))
-        rows.append(dict(method=f"w4a8_{'pc' if group == -1 else 'g' + str(group)}", variant=variant, n=n, k=k, m=m,
-                         us=us, tops=2.0 * m * n * k / us / 1e6, weight_tbps=n * k / 2 / us / 1e6))
+def bench_shape(n, k, m, group, sms, hopper) -> list[dict]:
+    """Every kernel variant, launched as CudaW4A8Linear launches them (programmatic dependents on Hopper);
+    the "auto" rows are derived afterwards (with_auto). Row "auto_no_pdl": auto_variant's pick launched
+    plainly, as a direct w4a8_gemm call without enable_pdl runs."""
+    method = f"w4a8_{'pc' if group == -1 else 'g' + str(group)}"
+
+    def row(variant, us, **extra):
+        return dict(method=method, variant=variant, n=n, k=k, m=m, us=us, tops=2.0 * m * n * k / us / 1e6,
+                    weight_tbps=n * k / 2 / us / 1e6, **extra)
+
+    rows = [row(v, time_graph(w4a8_calls(m, n, k, group, v))) for v in bench_variants_for(m)]
+    pick = auto_variant(m, n, k, group, sms, hopper)  # the plain launch's pick
+    rows.append(row("auto_no_pdl", time_graph(w4a8_calls(m, n, k, group, pick, enable_pdl=False)), chosen=pick))
     return rows
 
 
@@ -186,9 +207,9 @@ def with_auto(bench: list[dict], multiprocessors: int, hopper: bool) -> list[dic
     """Add, for each w4a8 (method, shape, M), the row of the variant auto_variant picks."""
     rows = [r for r in bench if r.get("variant") != "auto"]
     for r in list(rows):
-        if r["method"].startswith("w4a8"):
+        if r["method"].startswith("w4a8") and r["variant"] != "auto_no_pdl":
             group = -1 if r["method"] == "w4a8_pc" else int(r["method"][6:])
-            if r["variant"] == auto_variant(r["m"], r["n"], r["k"], group, multiprocessors, hopper):
+            if r["variant"] == auto_variant(r["m"], r["n"], r["k"], group, multiprocessors, hopper, pdl=True):
                 rows.append(dict(r, variant="auto", chosen=r["variant"]))
     return rows
 
@@ -224,14 +245,16 @@ def speedups(bench: list[dict], method: str) -> dict:
     llama = MODELS["llama2-7b"][0]
     t = {(r["method"], r.get("variant", ""), r["n"], r["k"], r["m"]): r["us"] for r in bench if "us" in r}
 
-    def ratio(base: str, ms: list[int]) -> float:
-        vals = [t[(base, "", n, k, m)] / t[(method, "auto", n, k, m)] for n, k in llama for m in ms
-                if (base, "", n, k, m) in t and (method, "auto", n, k, m) in t]
+    def ratio(base: str, ms: list[int], variant: str = "auto") -> float:
+        vals = [t[(base, "", n, k, m)] / t[(method, variant, n, k, m)] for n, k in llama for m in ms
+                if (base, "", n, k, m) in t and (method, variant, n, k, m) in t]
         return round(min(vals), 3) if vals else None
 
     return dict(min_speedup_vs_fp16_m_le_16=ratio("fp16", [1, 16]), speedup_vs_fp16_m256=ratio("fp16", [256]),
                 speedup_vs_int8_m256=ratio("int8", [256]), min_speedup_vs_int8_m_ge_1024=ratio("int8", [1024, 2048]),
-                speedup_vs_fp8_m2048=ratio("fp8", [2048]))
+                speedup_vs_fp8_m2048=ratio("fp8", [2048]),
+                min_speedup_vs_fp16_m_le_16_no_pdl=ratio("fp16", [1, 16], "auto_no_pdl"),
+                speedup_vs_fp16_m256_no_pdl=ratio("fp16", [256], "auto_no_pdl"))
 
 
 def plot(bench: list[dict], path: Path, gpu: str) -> None:
@@ -311,7 +334,7 @@ def main() -> None:
     save(args.out, meta, bench, gemm_rows, fused_rows)  # partial results survive a timeout
     for n, k in MODELS["llama2-7b"][0]:
         for m in bench_m:
-            rows = bench_baselines(n, k, m) + bench_shape(n, k, m, 128) + bench_shape(n, k, m, -1)
+            rows = bench_baselines(n, k, m) + bench_shape(n, k, m, 128, sms, hopper) + bench_shape(n, k, m, -1, sms, hopper)
             bench = with_auto(bench + rows, sms, hopper)
             torch.cuda.empty_cache()
             line = " ".join(f"{r['method']}{':' + r['variant'] if 'variant' in r else ''}={r['us']:.1f}"

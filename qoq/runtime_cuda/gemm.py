@@ -56,12 +56,15 @@ def _multiprocessors(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def auto_variant(m: int, n: int, k: int, group: int, multiprocessors: int, hopper: bool = False) -> str:
-    """Kernel for an [M, K] x [K, N] product (chosen from bench/gemm_h200.py's variant sweep)."""
+def auto_variant(m: int, n: int, k: int, group: int, multiprocessors: int, hopper: bool = False,
+                 pdl: bool = False) -> str:
+    """Kernel for an [M, K] x [K, N] product (chosen from bench/gemm_h200.py's variant sweep); `pdl`: launched
+    as a programmatic dependent (w4a8_gemm's enable_pdl, Hopper)."""
     gemv_ok = group in (-1, 64, 128)  # the GEMV kernels are compiled for these group sizes
     # One wave of 32-column blocks: 16 warps each keep more loads in flight where the blocks are long, and
-    # for a single token (o_proj g128 M=1 5.16 vs 5.68 us; at M=16 the 8-warp GEMV, 6.07 vs 6.32).
-    if gemv_ok and m <= 16 and n // 32 <= multiprocessors and (k >= 8192 or m == 1):
+    # for a single token (o_proj g128 M=1 5.16 vs 5.68 us; at M=16 the 8-warp GEMV, 6.07 vs 6.32). As
+    # programmatic dependents, at every M <= 16 (o_proj g128 M=16 5.35 vs 6.57).
+    if gemv_ok and m <= 16 and n // 32 <= multiprocessors and (k >= 8192 or m == 1 or (pdl and hopper)):
         return "gemv16"
     # Several 32-column blocks per SM, spread evenly (>= 95% of the SMs busy in the last round; qkv_proj:
     # 384 over 132 SMs): the persistent GEMV stages the rows once per SM (qkv g128 M=16 13.44 vs 14.0 us;
@@ -73,6 +76,10 @@ def auto_variant(m: int, n: int, k: int, group: int, multiprocessors: int, hoppe
     if gemv_ok and m <= 16:
         return "gemv"
     if hopper:  # from M = 17 (H200, M = 32: o_proj g128 9.9 vs 10.1 us for the GEMV, qkv_proj 16.4 vs 26.5)
+        # but as programmatic dependents a one-wave GEMV per group still wins at M = 32 (o_proj g128 8.7 vs
+        # 9.5 us for wg64x64k2; per channel wg64x64k2 7.6 vs 9.9)
+        if pdl and gemv_ok and group != -1 and m <= 32 and n // 32 <= multiprocessors and k < 8192:
+            return "gemv"
         return _wgmma_variant(m, n, k, group, multiprocessors)
     if gemv_ok and (m <= 32 or (m <= GEMV_MAX_M and n <= 4096 and k <= 4096)):
         return "gemv"
@@ -91,6 +98,12 @@ def _wgmma_variant(m: int, n: int, k: int, group: int, multiprocessors: int) -> 
     (csrc/gemm_w4a8.cu, wgmma_splits)."""
     blocks128 = -(-m // 128) * -(-n // 128)  # 128x128 tiles, 2 per SM
     blocks64 = -(-m // 64) * -(-n // 128)  # 128x64 tiles, 3 per SM
+    if blocks128 >= 0.9 * multiprocessors and m >= 512 and blocks64 <= 3 * multiprocessors:
+        # Under one wave of either tile with full 128-token tiles (M = 512, N = 4096): 128x128 blocks read
+        # each weight tile half as often (o_proj g128 M=512 20.6 vs 24.7 us as programmatic dependents,
+        # 21.4 vs 21.0 plainly); per channel at K < 8192 the 64x64 tile's one-LOP3 dequantization is
+        # faster still (17.4 vs 20.4 us; down_proj per channel 40.4 vs 37.0: 128x128)
+        return "wg64x64" if group == -1 and k < 8192 else "wg128x128"
     if blocks128 >= 0.9 * multiprocessors:
         # Fewest waves, each weighted by a wave's time relative to wg128x64's: one of 128x128 blocks
         # takes about as long (218-224 registers, 2 per SM, where 128x64 runs 3); a grid just under one
@@ -113,10 +126,10 @@ def _wgmma_variant(m: int, n: int, k: int, group: int, multiprocessors: int) -> 
     return "wg64x64k2"
 
 
-def _variant_id(variant: str, qx: torch.Tensor, n: int, group: int) -> int:
+def _variant_id(variant: str, qx: torch.Tensor, n: int, group: int, pdl: bool = False) -> int:
     m, k = qx.shape
     if variant == "auto":
-        variant = auto_variant(m, n, k, group, _multiprocessors(qx.device), is_hopper(qx.device))
+        variant = auto_variant(m, n, k, group, _multiprocessors(qx.device), is_hopper(qx.device), pdl)
     if variant not in VARIANTS:
         raise ValueError(f"unknown GEMM variant {variant!r}; choose 'auto' or one of {sorted(VARIANTS)}")
     if variant.startswith("gemv") and (m > GEMV_MAX_M or group not in (-1, 64, 128)):
@@ -202,8 +215,14 @@ def w4a8_gemm(
     bias: torch.Tensor | None = None,  # fp16 [N]
     out: torch.Tensor | None = None,  # fp16 [M, N] to write into
     variant: str = "auto",
+    enable_pdl: bool = False,
 ) -> torch.Tensor:
-    """fp16 [M, N] = the GEMM of DESIGN §3.1 (per group) or §3.2 (per channel)."""
+    """fp16 [M, N] = the GEMM of DESIGN §3.1 (per group) or §3.2 (per channel).
+
+    enable_pdl (Hopper; the GEMV and wgmma kernels): launch as a programmatic dependent of the kernel
+    ahead in the stream, so that this launch and its first weight loads overlap that kernel's end. The
+    weights and scales are read before that kernel has finished, so it must not be one that writes them
+    (CudaW4A8Linear sets it: the kernel ahead is its activation quantization)."""
     qweight, group = _operands(qx, qweight, s2_scales, s2_zeros)
     _check_scheme(s2_scales, s1_szeros, xsum)
     (m, _), n = qx.shape, qweight.shape[0]
@@ -214,10 +233,10 @@ def w4a8_gemm(
     for t, name, dtype, shape in vectors:
         if t is not None:
             _require(t, name, dtype, shape)
-    variant_id = _variant_id(variant, qx, n, group)
+    variant_id = _variant_id(variant, qx, n, group, enable_pdl)
     qsum = _code_sums(qx, qsum, variant_id, group)
     return checked(extension().gemm(qx, s_x, qweight, s1_scales, s2_scales, s2_zeros, s1_szeros, xsum, qsum, bias,
-                                    out, variant_id))
+                                    out, variant_id, enable_pdl))
 
 
 def w4a8_accumulators(

@@ -71,12 +71,16 @@ class CudaW4A8Linear(nn.Module):
 
     def forward_quantized(self, qx: torch.Tensor, s_x: torch.Tensor, sums: torch.Tensor | None) -> torch.Tensor:
         """GEMM of already quantized tokens: qx int8 [M, K], s_x fp16 [M, 1] and the `self.sums` of the
-        quantization kernel [M] (fp32 input sums per channel; int32 code sums per group, or None) -> [M, N]."""
+        quantization kernel [M] (fp32 input sums per channel; int32 code sums per group, or None) -> [M, N].
+
+        On Hopper the GEMM starts (and loads its first weights) while the kernel just ahead of it ends
+        (w4a8_gemm's enable_pdl), so that kernel must not write this module's weights: in `forward` it is
+        the input's quantization; callers pass tokens their quantization kernel has just made."""
         per_token = {"xsum": sums} if self.per_channel else {"qsum": sums}
         return w4a8_gemm(
             qx, s_x, self.qweight, self.s1_scales,
             s2_scales=self.s2_scales, s2_zeros=self.s2_zeros,
-            s1_szeros=self.s1_szeros, bias=self.bias, **per_token,
+            s1_szeros=self.s1_szeros, bias=self.bias, enable_pdl=True, **per_token,
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

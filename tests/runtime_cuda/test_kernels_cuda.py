@@ -155,6 +155,33 @@ def test_wgmma_accumulators_exact_over_repeats(group_size):
     assert not failures, failures
 
 
+@pytest.mark.skipif(not WGMMA, reason="programmatic dependent launch runs on Hopper only")
+@pytest.mark.parametrize("group_size", [128, -1])
+def test_pdl_gemm_reads_the_activations_of_the_quantization_just_ahead(group_size):
+    """enable_pdl: each GEMM starts while the quantization kernel ahead of it runs (that kernel lets its
+    dependents launch at once) and loads weights early; the fresh codes only after the wait. Six
+    quantize -> GEMM pairs queued with no sync between give what the plain launches give."""
+    n, k = 8448, 1024  # 264 column blocks: gemv16p's blocks take two each
+    t = _artifact(n, k, group_size, seed=11)
+    sums = "inputs" if group_size == -1 else "codes"
+    for variant, m in [(v, m) for v in GEMV + ["gemv16p"] for m in (1, 4, 16)] + [(v, m) for v in WGMMA for m in (64, 256)]:
+        xs = [torch.randn(m, k, device=DEV).half() for _ in range(6)]
+
+        def pairs(pdl: bool) -> list[torch.Tensor]:
+            ys = []
+            for x in xs:
+                qx, s_x, token_sums = quant_kernels.quant_tokens(x, sums=sums)
+                per_token = {"xsum": token_sums} if group_size == -1 else {"qsum": token_sums}
+                ys.append(w4a8_gemm(qx, s_x, t["w.qweight"], t["w.s1_scales"], variant=variant, enable_pdl=pdl,
+                                    **_gemm_args(t), **per_token))
+            return ys
+
+        with_pdl = pairs(True)
+        torch.cuda.synchronize()
+        for y, y_plain in zip(with_pdl, pairs(False)):
+            assert torch.equal(y, y_plain), (variant, m)
+
+
 def test_gemm_rejects_bad_shapes():
     t = _artifact(64, 256, 128, seed=0)
     s2 = {"s2_scales": t["w.s2_scales"], "s2_zeros": t["w.s2_zeros"]}

@@ -111,8 +111,9 @@ Problem check_gemm(qoq_gemm::GemmParams& p, const at::Tensor& qx, const Opt& s_x
 // fp16 Y [M, N] (or the int32 accumulators when want_acc), or the problem's text.
 py::object run_gemm(const at::Tensor& qx, const Opt& s_x, const at::Tensor& qweight, const Opt& s1, const Opt& s2,
                     const Opt& s2_zeros, const Opt& szero, const Opt& xsum, const Opt& qsum, const Opt& bias,
-                    const Opt& out, int64_t variant, bool want_acc) {
+                    const Opt& out, int64_t variant, bool want_acc, bool dependent = false) {
   qoq_gemm::GemmParams p{};
+  p.dependent = dependent;
   Problem problem = check_gemm(p, qx, s_x, qweight, s1, s2, s2_zeros, szero, xsum, qsum, bias, variant, want_acc);
   if (!problem.empty()) return py::str(problem);
   const auto out_dtype = want_acc ? at::kInt : at::kHalf;
@@ -158,8 +159,8 @@ py::object run_quant(qoq_quant::RowOp op, const at::Tensor& x, const at::Tensor&
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gemm", [](const at::Tensor& qx, const at::Tensor& s_x, const at::Tensor& qweight, const at::Tensor& s1,
                    const Opt& s2, const Opt& s2_zeros, const Opt& szero, const Opt& xsum, const Opt& qsum,
-                   const Opt& bias, const Opt& out, int64_t variant) {
-    return run_gemm(qx, s_x, qweight, s1, s2, s2_zeros, szero, xsum, qsum, bias, out, variant, false);
+                   const Opt& bias, const Opt& out, int64_t variant, bool enable_pdl) {
+    return run_gemm(qx, s_x, qweight, s1, s2, s2_zeros, szero, xsum, qsum, bias, out, variant, false, enable_pdl);
   }, "W4A8 GEMM -> fp16 [M, N], or the text of a problem with the arguments");
   m.def("gemm_accumulators", [](const at::Tensor& qx, const at::Tensor& qweight, const Opt& s2, const Opt& s2_zeros,
                                 const Opt& qsum, const Opt& out, int64_t variant) {

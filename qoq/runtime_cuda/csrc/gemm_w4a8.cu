@@ -70,20 +70,28 @@ static void allow_smem(Kernel kernel, int smem, bool& configured) {
   configured = true;
 }
 
-// A grid in clusters of `cluster` blocks (1 x 1 x 1: a plain launch, as before Hopper).
+// A grid in clusters of `cluster` blocks (1 x 1 x 1: a plain launch, as before Hopper); `dependent`:
+// as a programmatic dependent of the kernel ahead in the stream (GemmParams::dependent).
 template <typename... Params, typename... Args>
 static void launch_clustered(void (*kernel)(Params...), dim3 grid, int threads, int smem, dim3 cluster,
-                             cudaStream_t stream, const Args&... args) {
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim = {cluster.x, cluster.y, cluster.z};
+                             bool dependent, cudaStream_t stream, const Args&... args) {
+  cudaLaunchAttribute attrs[2]{};
+  unsigned n = 0;
+  if (cluster.x * cluster.y * cluster.z > 1) {
+    attrs[n].id = cudaLaunchAttributeClusterDimension;
+    attrs[n++].val.clusterDim = {cluster.x, cluster.y, cluster.z};
+  }
+  if (dependent) {
+    attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = dim3(threads);
   config.dynamicSmemBytes = smem;
   config.stream = stream;
-  config.attrs = &attr;
-  config.numAttrs = cluster.x * cluster.y * cluster.z > 1 ? 1 : 0;
+  config.attrs = attrs;
+  config.numAttrs = n;
   C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args...));
 }
 
@@ -171,7 +179,7 @@ static void launch_wgmma(const GemmParams& p, cudaStream_t stream) {
   GemmParams split = p;
   const int z = plan_splits(split, wgmma_splits(static_cast<int>(tiles.x * tiles.y), k_steps, KW, per_sm), k_steps);
   launch_clustered(gemm_wgmma_kernel<ROWS, BT, STAGES, SCALE_ROWS, KW>, dim3(tiles.x, tiles.y, z), KW * WG_THREADS,
-                   smem, dim3(1, 1, z), stream, activation_map(p, BT), weight_map(p, ROWS), split);
+                   smem, dim3(1, 1, z), p.dependent, stream, activation_map(p, BT), weight_map(p, ROWS), split);
 }
 
 // Per group a k-step of WG_BK spans one s2 / -z row where the group is a multiple of it, else two.
@@ -198,7 +206,7 @@ static void launch_gemv(const GemmParams& p, int smem_limit, cudaStream_t stream
   static bool configured = false;
   allow_smem(gemm_gemv_kernel<MT, GROUP, WARPS, ACT_FIRST>, smem_limit, configured);
   launch_clustered(gemm_gemv_kernel<MT, GROUP, WARPS, ACT_FIRST>, dim3(p.N / 32), WARPS * 32,
-                   gemv_smem_bytes(MT, WARPS, p.M, p.K), dim3(gemv_cluster(p, MT)), stream, p);
+                   gemv_smem_bytes(MT, WARPS, p.M, p.K), dim3(gemv_cluster(p, MT)), p.dependent, stream, p);
 }
 
 // Whether a staged GEMV (M <= 16) copies its activation rows before its first weight loads. Same-call
@@ -206,7 +214,13 @@ static void launch_gemv(const GemmParams& p, int smem_limit, cudaStream_t stream
 // (N / 32 <= SMs: o_proj and down_proj, every M; o_proj g128 M=16 6.60 -> 6.06 us) and per group at
 // M = 16, where a block's activation rows are as many bytes as its weights (qkv g128 15.18 -> 13.92);
 // slower for the multi-wave qkv / gate_up at M = 1 (qkv g128 11.81 -> 12.77) and per channel at M = 16.
+// Launched as a programmatic dependent, the rows wait for the kernel ahead and weight loads issued
+// first do not: then per group the 16-warp GEMV loads its weights first (ab_pdl_rows_first.json: o_proj
+// g128 M=16 5.81 -> 5.35 us, down_proj M=1 9.27 -> 8.86); every other case keeps the rule above
+// (o_proj per channel M=16 gemv16 5.99 -> 5.67 with the rows first, gemv g128 6.79 -> 6.57).
+template <int WARPS>
 static bool gemv_act_first(const GemmParams& p) {
+  if (p.dependent && p.group > 0 && WARPS == 16) return false;
   return p.N / 32 <= multiprocessors() || (p.group > 0 && p.M == 16);
 }
 
@@ -216,7 +230,7 @@ template <int GROUP, int WARPS>
 static void dispatch_gemv(const GemmParams& p, cudaStream_t stream) {
   const int limit = smem_optin();
   if (p.M <= 16 && gemv_smem_bytes(1, WARPS, p.M, p.K) <= limit) {
-    if (gemv_act_first(p)) return launch_gemv<1, GROUP, WARPS, true>(p, limit, stream);
+    if (gemv_act_first<WARPS>(p)) return launch_gemv<1, GROUP, WARPS, true>(p, limit, stream);
     return launch_gemv<1, GROUP, WARPS>(p, limit, stream);
   }
   if (p.M <= 32) return launch_gemv<2, GROUP, WARPS>(p, limit, stream);
@@ -239,7 +253,7 @@ static void launch_gemvp(const GemmParams& p, int smem_limit, cudaStream_t strea
   const bool pairs = p.M >= GEMV_CLUSTER_MIN_M && blocks >= GEMV_CLUSTER && is_hopper();
   if (pairs) blocks -= blocks % GEMV_CLUSTER;
   launch_clustered(gemm_gemv_persistent_kernel<GROUP>, dim3(blocks), GEMVP_WARPS * 32, gemvp_smem_bytes(p.M, p.K),
-                   dim3(pairs ? GEMV_CLUSTER : 1), stream, p);
+                   dim3(pairs ? GEMV_CLUSTER : 1), p.dependent, stream, p);
 }
 
 // Rows that do not fit shared memory (K beyond ~14000 at M = 16) go to the 8-warp GEMV, the faster one
@@ -283,6 +297,7 @@ static void dispatch(const GemmParams& p, Variant variant, const at::Tensor& lik
 void launch_gemm(GemmParams p, Variant variant, const at::Tensor& like) {
   const c10::cuda::CUDAGuard guard(like.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  p.dependent = p.dependent && is_hopper();  // the tiled kernels ignore it (launched plainly)
   if (p.group > 0) dispatch<true>(p, variant, like, stream);
   else dispatch<false>(p, variant, like, stream);
   C10_CUDA_KERNEL_LAUNCH_CHECK();

@@ -6,6 +6,7 @@
 
 #include "bulk_copy.cuh"
 #include "gemm_w4a8.cuh"
+#include "grid_dependency.cuh"
 
 namespace qoq_gemm {
 
@@ -148,7 +149,8 @@ __device__ __forceinline__ void gemv_compute_run(const GemmParams& p, const Gemv
 }
 
 // ACT_FIRST (MT = 1): the activation copies go out before the first run's weight loads, not after
-// (gemm_w4a8.cu's gemv_act_first says where that measured faster).
+// (gemm_w4a8.cu's gemv_act_first says where that measured faster). The copies wait for the kernel ahead
+// (a programmatic dependent's launch, grid_dependency.cuh); weight loads issued first do not.
 template <int MT, int GROUP, int WARPS, bool ACT_FIRST>
 __global__ void __launch_bounds__(WARPS * 32, MT == 1 ? 16 / WARPS : 1) gemm_gemv_kernel(const GemmParams p) {
   extern __shared__ __align__(16) uint8_t smem[];
@@ -165,6 +167,7 @@ __global__ void __launch_bounds__(WARPS * 32, MT == 1 ? 16 / WARPS : 1) gemm_gem
   int first = warp * RUN;
   constexpr bool ACT_COPY_FIRST = MT == 1 && ACT_FIRST;
   if constexpr (!ACT_COPY_FIRST) gemv_load_run<GROUP, RUN>(p, ping, tiles, scale_col, first, k_tiles);
+  wait_prior_grids();  // the activations (and the epilogue's terms) come from the kernel ahead
   uint32_t a_base = 0, a_step = 0;
   if constexpr (MT == 1) {
     gemv_copy_rows<WARPS>(p, smem, a_base, a_step);
@@ -180,6 +183,7 @@ __global__ void __launch_bounds__(WARPS * 32, MT == 1 ? 16 / WARPS : 1) gemm_gem
     gemv_compute_run<MT, GROUP, RUN>(p, pong, first + STRIDE, k_tiles, a_base, a_step, acc, offset);
   }
 
+  allow_dependent_grids();  // every weight load is done: the next kernel's may go out
   // Integer partial sums are exact in any order: reduce the warps' K slices through shared memory.
   if constexpr (MT == 1) __syncthreads();  // every warp is done with the activations: partials reuse them
   int* partial = reinterpret_cast<int*>(smem + GEMV_HEADER);  // [WARPS][MT*16 accumulator slots][32 lanes]

@@ -66,11 +66,15 @@ __global__ void __launch_bounds__(GEMVP_WARPS * 32, 1) gemm_gemv_persistent_kern
     if (first >= k_tiles) n0 += gridDim.x, first = warp * RUN;
   };
 
+  // Rows first (faster in one-wave grids), unless launched as a programmatic dependent: then the first
+  // weights go out before the wait for the kernel ahead, which writes the rows.
   uint32_t a_base = 0, a_step = 0;
-  gemv_copy_rows<GEMVP_WARPS>(p, smem, a_base, a_step);  // rows first: faster in one-wave grids
   GemvRun<GROUP, RUN> ping, pong;
   int n0 = blockIdx.x, first = warp * RUN, buffer = 0;
-  load(ping, n0, first);
+  if (p.dependent) load(ping, n0, first);
+  wait_prior_grids();
+  gemv_copy_rows<GEMVP_WARPS>(p, smem, a_base, a_step);
+  if (!p.dependent) load(ping, n0, first);
   gemv_wait_rows(smem);
 
   int acc[1][4][4] = {}, offset[1][4] = {};
@@ -79,6 +83,7 @@ __global__ void __launch_bounds__(GEMVP_WARPS * 32, 1) gemm_gemv_persistent_kern
     int n1 = n0, first1 = first;
     next(n1, first1);
     if (n1 < col_blocks) load(after, n1, first1);
+    else allow_dependent_grids();  // this warp's weight loads are done: the next kernel's may go out
     gemv_compute_run<1, GROUP, RUN>(p, run, first, k_tiles, a_base, a_step, acc, offset);
     if (n1 != n0) gemvp_store_columns(p, n0, sums + buffer * 512, acc, offset), buffer ^= 1;
     n0 = n1, first = first1;

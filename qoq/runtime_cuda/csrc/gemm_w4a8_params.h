@@ -37,6 +37,8 @@ struct GemmParams {
   int32_t* split_acc;        // [M, N] zeroed sums of the K splits (split-K tiled grids), or nullptr
   int M, N, K, group;        // group 0: per channel
   int split_steps;           // tiled and wgmma: k-steps per K split (blockIdx.z; wgmma: a cluster's rank)
+  bool dependent;            // Hopper GEMV / wgmma: launched as a programmatic dependent of the kernel
+                             // ahead (grid_dependency.cuh), which must not write the weights or scales
 };
 
 // Launch `variant` on the current stream of `like`'s device; the arguments are already checked.

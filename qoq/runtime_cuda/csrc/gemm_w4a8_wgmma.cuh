@@ -33,6 +33,7 @@
 
 #include "bulk_copy.cuh"
 #include "gemm_w4a8.cuh"
+#include "grid_dependency.cuh"
 
 // wgmma exists only on sm_90a; elsewhere the kernel compiles to nothing and the host never picks it.
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -125,18 +126,23 @@ __device__ __forceinline__ void wgmma_m64k32(int (&d)[64], const uint32_t (&a)[4
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
 }
 
+// Which copies of a stage fill_stage issues: a programmatic dependent's prologue issues the weights'
+// before waiting for the kernel ahead and the activations' after it (grid_dependency.cuh).
+enum class Fill { Both, Weights, Activations };
+
 // A warpgroup's step i (its k-step first + i * KW) into its ring slot i % STAGES: the activations
 // [BT tokens][128 k] and the weight tiles [ROWS/32 n-tiles][4 k-tiles][512 B], counted on the slot's
-// mbarrier; zeros past M, N and K, so a K tail multiplies zeros.
-template <int ROWS, int BT, int STAGES, int KW>
+// mbarrier (Fill::Weights counts both); zeros past M, N and K, so a K tail multiplies zeros.
+template <int ROWS, int BT, int STAGES, int KW, Fill WHAT = Fill::Both>
 __device__ __forceinline__ void fill_stage(const CUtensorMap& act_map, const CUtensorMap& w_map, uint32_t ring,
                                            uint32_t bars, int i, int first, int m_base, int n_base) {
   using S = WgmmaSmem<ROWS, BT, STAGES, KW>;
   const uint32_t stage = ring + (i % STAGES) * S::STAGE, bar = bars + (i % STAGES) * 8;
   const int kt = first + i * KW;
-  mbarrier_expect_tx(bar, S::ACT + S::W);
-  tensor_copy_2d(stage, &act_map, kt * WG_BK, m_base, bar);
-  tensor_copy_4d(stage + S::ACT, &w_map, 0, 0, kt * (WG_BK / 32), n_base / 32, bar);
+  if constexpr (WHAT != Fill::Activations) mbarrier_expect_tx(bar, S::ACT + S::W);
+  if constexpr (WHAT != Fill::Weights) tensor_copy_2d(stage, &act_map, kt * WG_BK, m_base, bar);
+  if constexpr (WHAT != Fill::Activations)
+    tensor_copy_4d(stage + S::ACT, &w_map, 0, 0, kt * (WG_BK / 32), n_base / 32, bar);
 }
 
 // Per group: where a lane's s2 and -z words (its 4 channels of its n-tile) lie in every table row.
@@ -369,15 +375,30 @@ __global__ void __launch_bounds__(KW * WG_THREADS, KW == 1 ? 0 : 2)
   const int kt0 = blockIdx.z * p.split_steps;
   const int steps = min(p.split_steps, (p.K + WG_BK - 1) / WG_BK - kt0);  // >= 1 (K > 0)
   const int my_steps = (steps - wg + KW - 1) / KW;  // this warpgroup's: k-steps wg, wg + KW, ... (maybe none)
-  if (threadIdx.x % WG_THREADS == 0) {  // each warpgroup's producer: its barriers and first stages
-    const uint32_t ring = S::ring(smem, wg), bars = S::bars(smem, wg);
+  // Each warpgroup's producer: its barriers and first stages. A programmatic dependent issues their
+  // weight copies before waiting for the kernel ahead, which writes the activations (and the epilogue's
+  // terms: every thread waits).
+  const bool producer = threadIdx.x % WG_THREADS == 0;
+  const uint32_t ring = S::ring(smem, wg), bars = S::bars(smem, wg);
+  const int first_stages = min(STAGES, my_steps);
+  if (producer) {
     for (int s = 0; s < STAGES; ++s) mbarrier_init(bars + s * 8);
-    for (int s = 0; s < min(STAGES, my_steps); ++s)
-      fill_stage<ROWS, BT, STAGES, KW>(act_map, w_map, ring, bars, s, kt0 + wg, m_base, n_base);
+    for (int s = 0; s < first_stages; ++s) {
+      if (p.dependent)
+        fill_stage<ROWS, BT, STAGES, KW, Fill::Weights>(act_map, w_map, ring, bars, s, kt0 + wg, m_base, n_base);
+      else
+        fill_stage<ROWS, BT, STAGES, KW>(act_map, w_map, ring, bars, s, kt0 + wg, m_base, n_base);
+    }
+  }
+  wait_prior_grids();
+  if (producer && p.dependent) {
+    for (int s = 0; s < first_stages; ++s)
+      fill_stage<ROWS, BT, STAGES, KW, Fill::Activations>(act_map, w_map, ring, bars, s, kt0 + wg, m_base, n_base);
   }
   __syncthreads();  // the barriers are initialized before anyone waits on them
   int acc[H][ACC];  // the first wgmma overwrites them (accumulate = 0): no other instruction writes them
   wgmma_k_loop<ROWS, BT, STAGES, SCALE_ROWS, KW>(act_map, w_map, p, smem, steps, kt0, m_base, n_base, acc);
+  allow_dependent_grids();  // every weight copy is done: the next kernel's may go out
   wgmma_store<ROWS, BT, SCALE_ROWS != 0, KW, H, ACC>(p, smem, acc, my_steps, m_base, n_base, lane, warp, wg);
 #endif
 }

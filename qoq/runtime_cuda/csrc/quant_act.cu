@@ -7,6 +7,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_fp16.h>
 
+#include "grid_dependency.cuh"
 #include "half8.cuh"
 #include "quant_act.cuh"
 
@@ -70,6 +71,7 @@ __global__ void __launch_bounds__(THREADS) quant_rows_kernel(const QuantParams p
   int* scratch_int = reinterpret_cast<int*>(scratch);
   const int row = blockIdx.x, vecs = p.K / 8;
   const uint4* x = reinterpret_cast<const uint4*>(p.x + row * p.x_stride);
+  allow_dependent_grids();  // a GEMM launched as a programmatic dependent may load its weights meanwhile
 
   float inv_rms = 0.0f;
   if constexpr (OP == RowOp::RmsNorm) {

@@ -1,0 +1,20 @@
+// Programmatic dependent launch (Hopper): a kernel launched with the programmatic stream serialization
+// attribute may start while the kernel ahead of it in the stream still runs. It reads what that kernel
+// cannot have written (the weights) before wait_prior_grids, and everything else after it. Both are
+// no-ops before sm_90 and in a kernel launched without the attribute.
+#pragma once
+
+// Until the kernels ahead in the stream have completed and their writes are visible.
+__device__ __forceinline__ void wait_prior_grids() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+// The kernel after this one may start once every block has called this (or exited); a hint only,
+// correctness rests on the dependent's wait_prior_grids.
+__device__ __forceinline__ void allow_dependent_grids() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
