@@ -66,12 +66,13 @@ def build(name: str, csrc: Path, build_root: Path, family):
 
 
 def decode_calls(model: str, batch: int, length: int, splits: int, stages: int):
-    """-> a function giving one decode call per input set (bench/attention_h200.py's sets, made once)."""
+    """-> a function of enable_pdl giving one decode call per input set (bench/attention_h200.py's sets,
+    made once)."""
     hq, hkv, dim = attention_bench.MODELS[model]
     lens = torch.full((batch,), length, dtype=torch.int32, device="cuda")
     sets = attention_bench.decode_sets(hq, hkv, dim, batch, length)
-    return lambda: [lambda s=s: attention.decode_attention(s[0], s[1], s[2], s[3], lens, length, num_splits=splits,
-                                                           num_stages=stages) for s in sets]
+    return lambda pdl: [lambda s=s: attention.decode_attention(s[0], s[1], s[2], s[3], lens, length, num_splits=splits,
+                                                               num_stages=stages, enable_pdl=pdl) for s in sets]
 
 
 def main() -> None:
@@ -106,7 +107,7 @@ def main() -> None:
                 family.extension = lambda mod=mod: mod  # the wrappers call <family>.extension()
                 if family is gemm:
                     quant_kernels.extension = family.extension
-                times[name].append(round(time_graph(make_calls() if family is attention else make_calls(pdl)), 2))
+                times[name].append(round(time_graph(make_calls(pdl)), 2))
         rows.append(dict(row, **times))
         print(rows[-1], flush=True)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -8,8 +8,11 @@
    scales/zeros) against a measured device-to-device copy;
 3. KV4 write throughput and prefill attention at 64 x 1024 tokens next to SDPA.
 Timing (DESIGN §6, CUDA events, median of REPS): decode as CUDA-graph replays over rotating input sets
-(> 3x L2, so every call reads HBM; no host overhead), once per ring-stage option; write and prefill with
-L2 flushed before each run. `--resummarize JSON` re-derives the planned rows and the summary from the
+(> 3x L2, so every call reads HBM; no host overhead), once per ring-stage option, launched plainly
+(the rows and summary keys) and as programmatic dependents (decode_attention's enable_pdl: "_pdl" keys;
+the kernel ahead of each call is then the previous call); "decode_step" rows time a decode step's two
+kernels, rope_kv4_write then the attention, plainly and with the attention a dependent of the write;
+write and prefill with L2 flushed before each run. `--resummarize JSON` re-derives the planned rows and the summary from the
 timed options after a change to attention.plan_stages / split_plan.
 """
 
@@ -162,11 +165,12 @@ def bench_decode(model, batch, length) -> dict:
     row = {"model": model, "batch": batch, "length": length}
     sets = decode_sets(hq, hkv, dim, batch, length)
     row["kv4_sets"] = len(sets)
-    row["kv4_ms_by_stages"] = {  # str keys, as they come back from the JSON
-        str(st): graph_ms([lambda s=s: attention.decode_attention(s[0], s[1], s[2], s[3], seq_lens, length, num_stages=st)
-                      for s in sets])
-        for st in attention.supported_stages(dim)
-    }
+    for key, pdl in (("kv4_ms_by_stages", False), ("kv4_pdl_ms_by_stages", True)):
+        row[key] = {  # str keys, as they come back from the JSON
+            str(st): graph_ms([lambda s=s: attention.decode_attention(s[0], s[1], s[2], s[3], seq_lens, length,
+                                                                      num_stages=st, enable_pdl=pdl) for s in sets])
+            for st in attention.supported_stages(dim)
+        }
     del sets
     fp16_bytes = 2 * batch * hkv * length * dim * 2
     sets = [(torch.randn(batch, hq, 1, dim, device="cuda").half(),
@@ -191,25 +195,33 @@ def with_plan(row, sms, copy_tbps):
     batch, length = row["batch"], row["length"]
     splits = attention.split_plan(batch, hkv, length, sms)[0]
     row["splits"], row["stages"] = splits, attention.plan_stages(batch, hkv, splits, dim, sms)
-    row["kv4_ms"] = row["kv4_ms_by_stages"][str(row["stages"])]
-    row["kv4_tbps"] = 2 * batch * hkv * length * (dim // 2 + 4) / row["kv4_ms"] / 1e9
-    row["speedup_vs_sdpa"] = row["sdpa_ms"] / row["kv4_ms"]
-    row["bandwidth_fraction"] = row["kv4_tbps"] / copy_tbps
+    kv4_bytes = 2 * batch * hkv * length * (dim // 2 + 4)
+    for suffix in ("", "_pdl"):
+        if f"kv4{suffix}_ms_by_stages" not in row:  # runs before the enable_pdl option
+            continue
+        row[f"kv4{suffix}_ms"] = ms = row[f"kv4{suffix}_ms_by_stages"][str(row["stages"])]
+        row[f"kv4{suffix}_tbps"] = kv4_bytes / ms / 1e9
+        row[f"speedup_vs_sdpa{suffix}"] = row["sdpa_ms"] / ms
+        row[f"bandwidth_fraction{suffix}"] = kv4_bytes / ms / 1e9 / copy_tbps
     return row
 
 
 def summarize(result) -> dict:
     decode = result["decode"]
     pick = lambda m, b, l: next(r for r in decode if (r["model"], r["batch"], r["length"]) == (m, b, l))  # noqa: E731
-    return {
-        "gpu": result["gpu"],
-        "speedup_vs_sdpa_b64_l1536": pick("llama2-7b", 64, 1536)["speedup_vs_sdpa"],
-        "speedup_vs_sdpa_b64_l1536_gqa": pick("llama3-8b", 64, 1536)["speedup_vs_sdpa"],
-        "min_bandwidth_fraction_b_ge_64": min(r["bandwidth_fraction"] for r in decode if r["batch"] >= 64),
-        "speedup_vs_sdpa_b1_min": min(r["speedup_vs_sdpa"] for r in decode if r["batch"] == 1),
-        "correctness_ok": all(r["ok"] for r in result["correctness"]),
-        "copy_bandwidth_tbps": result["copy_bandwidth_tbps"],
-    }
+    summary = {"gpu": result["gpu"]}
+    for suffix in ("", "_pdl"):
+        if f"speedup_vs_sdpa{suffix}" not in decode[0]:
+            continue
+        summary.update({
+            f"speedup_vs_sdpa_b64_l1536{suffix}": pick("llama2-7b", 64, 1536)[f"speedup_vs_sdpa{suffix}"],
+            f"speedup_vs_sdpa_b64_l1536_gqa{suffix}": pick("llama3-8b", 64, 1536)[f"speedup_vs_sdpa{suffix}"],
+            f"min_bandwidth_fraction_b_ge_64{suffix}": min(r[f"bandwidth_fraction{suffix}"] for r in decode
+                                                          if r["batch"] >= 64),
+            f"speedup_vs_sdpa_b1_min{suffix}": min(r[f"speedup_vs_sdpa{suffix}"] for r in decode if r["batch"] == 1),
+        })
+    return {**summary, "correctness_ok": all(r["ok"] for r in result["correctness"]),
+            "copy_bandwidth_tbps": result["copy_bandwidth_tbps"]}
 
 
 def save(result, out: Path):
@@ -233,6 +245,33 @@ def split_sweep() -> list[dict]:
                            for s in sets])
             rows.append({"model": model, "batch": batch, "length": length, "splits": n, "ms": ms})
     return rows
+
+
+STEP_SHAPES = [("llama3-8b", 64, 512), ("llama3-8b", 64, 1536), ("llama2-7b", 64, 1536), ("llama3-8b", 256, 512),
+               ("llama2-7b", 1, 4096), ("llama3-8b", 16, 1536)]  # (model, batch, length)
+
+
+def bench_decode_step(model, batch, length) -> dict:
+    """A decode step's two kernels per input set: rope_kv4_write of each sequence's new token (position
+    length - 1), then decode attention over all of them, the attention launched plainly or as a
+    programmatic dependent of the write; and the write alone."""
+    hq, hkv, dim = MODELS[model]
+    cos, sin = rope_tables(length, dim)
+    lens = torch.full((batch,), length, dtype=torch.int32, device="cuda")
+    pos = torch.full((batch,), length - 1, dtype=torch.int64, device="cuda")
+    steps = [(torch.randn(batch, (hq + 2 * hkv) * dim, device="cuda").half(),
+              table[:, (length - 1) // 64].long() * 64 + (length - 1) % 64, kp, vp, table)
+             for _, kp, vp, table in decode_sets(hq, hkv, dim, batch, length)]
+
+    def calls(attend: bool, pdl: bool = False) -> list:
+        def step(qkv, slots, kp, vp, table):
+            q, _ = attention.rope_kv4_write(qkv, pos, slots, cos, sin, kp, vp, hq, hkv)
+            if attend:
+                attention.decode_attention(q, kp, vp, table, lens, length, enable_pdl=pdl)
+        return [lambda s=s: step(*s) for s in steps]
+
+    return {"model": model, "batch": batch, "length": length, "write_ms": graph_ms(calls(False)),
+            "step_ms": graph_ms(calls(True)), "step_pdl_ms": graph_ms(calls(True, pdl=True))}
 
 
 def bench_prefill(model, batch=64, length=1024) -> dict:
@@ -337,10 +376,14 @@ def main():
                 decode.append(row)
                 by_stages = " ".join(f"s{k}={v * 1e3:.1f}" for k, v in row["kv4_ms_by_stages"].items())
                 print(f"{model} B={batch:3d} L={length:4d} kv4 {row['kv4_ms']*1e3:8.1f} us "
+                      f"(pdl {row['kv4_pdl_ms']*1e3:.1f}) "
                       f"({row['kv4_tbps']:.2f} TB/s; {by_stages}) "
                       f"sdpa {row['sdpa_ms']*1e3:8.1f} us ({row['sdpa_tbps']:.2f} TB/s) "
                       f"x{row['speedup_vs_sdpa']:.2f} splits={row['splits']}", flush=True)
     result["decode"] = decode
+    result["decode_step"] = [bench_decode_step(*shape) for shape in STEP_SHAPES]
+    for r in result["decode_step"]:
+        print(r, flush=True)
     result["split_sweep"] = split_sweep()
     result["prefill"] = [bench_prefill(m) for m in MODELS]
     for r in result["prefill"]:

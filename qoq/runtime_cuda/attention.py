@@ -86,10 +86,15 @@ def decode_attention(
     scale: float | None = None,
     num_splits: int | None = None,
     num_stages: int | None = None,
+    enable_pdl: bool = False,
 ) -> torch.Tensor:
     """q [B, Hq, D] fp16, pages [P, page_bytes] uint8, page_table int32 [B, >= ceil(max_seq_len/64)],
     seq_lens int32 [B] (each in 1..max_seq_len) -> [B, Hq, D] fp16. GQA group Hq/Hkv <= 8; D 64 or 128.
-    num_splits / num_stages pin the launch (default: split_plan / plan_stages)."""
+    num_splits / num_stages pin the launch (default: split_plan / plan_stages).
+
+    enable_pdl (Hopper): launch as a programmatic dependent of the kernel ahead in the stream, copying
+    the sequences' first chunks while it ends. That kernel may write q and each sequence's last token
+    (the decode step's rope_kv4_write), but not the page table, seq_lens or any older token."""
     b, hq, d = q.shape
     if d not in (64, 128):
         raise ValueError(f"head_dim {d} unsupported (64 or 128)")
@@ -114,7 +119,7 @@ def decode_attention(
     scale = 1 / math.sqrt(d) if scale is None else scale
     extension().decode_kv4(
         q, k_pages, v_pages, page_table, seq_lens, out, part_o, part_ml, counters,
-        h_kv, splits, pages_per_split, num_stages, scale,
+        h_kv, splits, pages_per_split, num_stages, scale, enable_pdl,
     )
     return out
 

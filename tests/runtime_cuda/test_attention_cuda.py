@@ -81,6 +81,41 @@ def test_decode_attention_matches_reference(group, dim):
         assert _rel(out, expected) < 1e-3, f"num_splits={splits} num_stages={stages}"
 
 
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
+                    reason="programmatic dependent launch runs on Hopper only")
+@pytest.mark.parametrize("group,dim", [(4, 128), (8, 64)])
+def test_pdl_decode_reads_the_token_the_write_just_ahead_made(group, dim):
+    """enable_pdl: each decode step's attention starts while rope_kv4_write (which lets its dependents
+    launch at once) writes q and the step's new token; the attention copies only older chunks before
+    its wait. Six steps queued with no sync give what the plain launches give, split or not."""
+    gen = torch.Generator(device="cuda").manual_seed(group + dim)
+    hkv, steps = 2, 6
+    hq = hkv * group
+    lens0 = [1, 60, 63, 127, 500, 1000]  # new tokens cross page and chunk boundaries
+    final = [n + steps for n in lens0]
+    pools, table, _ = _random_cache(final, hkv, dim, gen)
+    cos, sin = _rope_tables(2048, dim, "cuda")
+    qkv = [torch.randn(len(lens0), (hq + 2 * hkv) * dim, device="cuda", generator=gen).half() for _ in range(steps)]
+    positions = [torch.tensor([n + i for n in lens0], device="cuda") for i in range(steps)]
+    slots = [table[torch.arange(len(lens0), device="cuda"), pos // 64].long() * 64 + pos % 64 for pos in positions]
+    lens = [(pos + 1).int() for pos in positions]
+    for splits, stages in [(None, None), (4, 2)] + ([(1, 3)] if dim == 128 else []):
+
+        def decode(pdl: bool) -> list[torch.Tensor]:
+            k_pool, v_pool = (p.clone() for p in pools)
+            outs = []
+            for i in range(steps):
+                q, _ = attention.rope_kv4_write(qkv[i], positions[i], slots[i], cos, sin, k_pool, v_pool, hq, hkv)
+                outs.append(attention.decode_attention(q, k_pool, v_pool, table, lens[i], max(final),
+                                                       num_splits=splits, num_stages=stages, enable_pdl=pdl))
+            return outs
+
+        with_pdl = decode(True)
+        torch.cuda.synchronize()
+        for i, (out, plain) in enumerate(zip(with_pdl, decode(False))):
+            assert torch.equal(out, plain), (splits, stages, i)
+
+
 @pytest.mark.parametrize("dim", [64, 128])
 def test_decode_attention_large_v_scales_stay_finite(dim):
     """V rows spanning thousands (KV4 scales > 255) while the scores climb by 7 log2 units from one of a

@@ -1,5 +1,6 @@
 // Python bindings of the KV4 attention kernels. Shapes and dtypes are checked here; the Python
 // wrappers in qoq/runtime_cuda/attention.py allocate outputs and workspaces.
+#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/extension.h>
 
@@ -18,7 +19,7 @@ void decode_kv4(const torch::Tensor& q, const torch::Tensor& k_pages, const torc
                 const torch::Tensor& page_table, const torch::Tensor& seq_lens, torch::Tensor& out,
                 torch::Tensor& part_o, torch::Tensor& part_ml, torch::Tensor& counters,
                 int64_t num_kv_heads, int64_t num_splits, int64_t pages_per_split, int64_t num_stages,
-                double scale) {
+                double scale, bool enable_pdl) {
   check(q, "q", at::kHalf, 3);
   check(k_pages, "k_pages", at::kByte, 2);
   check(v_pages, "v_pages", at::kByte, 2);
@@ -59,6 +60,7 @@ void decode_kv4(const torch::Tensor& q, const torch::Tensor& k_pages, const torc
   p.pages_per_split = pages_per_split;
   p.num_stages = num_stages;
   p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
+  p.dependent = enable_pdl && at::cuda::getDeviceProperties(q.get_device())->major >= 9;
   const cudaError_t err = qoq_attn::launch_decode_kv4(p, D, c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, "decode_kv4 launch failed (head_dim ", D, ", group ", G, ", splits ", num_splits,
               ", stages ", num_stages, "): ", cudaGetErrorString(err));

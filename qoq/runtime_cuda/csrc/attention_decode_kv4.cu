@@ -17,6 +17,7 @@
 
 #include "attention_decode_combine.cuh"
 #include "attention_kv4.cuh"
+#include "grid_dependency.cuh"
 
 namespace qoq_attn {
 namespace {
@@ -356,8 +357,20 @@ __global__ void __launch_bounds__(kThreads, 4) decode_kv4_kernel(const DecodePar
     if (tok < tok_end) plan.issue(p, slot_off, page_id);
     cp_async_commit();
   };
+  // A programmatic dependent (grid_dependency.cuh) copies the first chunks that end before the
+  // sequence's last token while the kernel ahead, which may write that token and q, still runs.
+  const int settled_end = p.dependent ? seq_len - 1 : 0;
+  int early = 0;  // first chunks already issued, in slot order
 #pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) issue(t + i * kStride, page[i], i * C::kSlotBytes);
+  for (int i = 0; i < kStages - 1; ++i)
+    if (early == i && t + i * kStride + C::kTokens <= min(settled_end, tok_end)) {
+      issue(t + i * kStride, page[i], i * C::kSlotBytes);
+      ++early;
+    }
+  wait_prior_grids();
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i)
+    if (i >= early) issue(t + i * kStride, page[i], i * C::kSlotBytes);
   int next_page = page[kStages - 1];  // read one iteration before the copy that needs it
 
   uint32_t qb[D / 16][2];
@@ -390,6 +403,7 @@ __global__ void __launch_bounds__(kThreads, 4) decode_kv4_kernel(const DecodePar
     free_slot = slot;
     slot = slot == kLastSlot ? 0 : slot + C::kSlotBytes;
   }
+  allow_dependent_grids();  // every copy of this CTA is issued: the next kernel may start
   cp_async_wait<0>();
   __syncthreads();  // the ring becomes the combine's scratch
   combine_warps_and_splits<D>(p, st, reinterpret_cast<float*>(smem), split, head, b);
@@ -401,9 +415,17 @@ cudaError_t launch(const DecodeParams& p, cudaStream_t stream) {
   static const cudaError_t attr =
       cudaFuncSetAttribute(decode_kv4_kernel<D, kStages>, cudaFuncAttributeMaxDynamicSharedMemorySize, kRingBytes);
   if (attr != cudaSuccess) return attr;
-  const dim3 grid(p.num_splits, p.num_kv_heads, p.batch);
-  decode_kv4_kernel<D, kStages><<<grid, kThreads, kRingBytes, stream>>>(p);
-  return cudaGetLastError();
+  cudaLaunchAttribute dependent{};
+  dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  dependent.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(p.num_splits, p.num_kv_heads, p.batch);
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = kRingBytes;
+  config.stream = stream;
+  config.attrs = &dependent;
+  config.numAttrs = p.dependent ? 1 : 0;  // grid_dependency.cuh
+  return cudaLaunchKernelEx(&config, decode_kv4_kernel<D, kStages>, p);
 }
 
 }  // namespace

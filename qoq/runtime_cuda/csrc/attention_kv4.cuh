@@ -27,6 +27,8 @@ struct DecodeParams {
   int page_table_stride, batch, num_kv_heads, group, num_splits, pages_per_split;
   int num_stages;             // ring slots per warp: 2, or 3 (head_dim 128 only)
   float scale_log2;  // softmax scale * log2(e)
+  bool dependent;    // Hopper: launched as a programmatic dependent of the kernel ahead, which may write
+                     // q and each sequence's last token, not the page table, seq_lens or older tokens
 };
 
 struct RopeWriteParams {

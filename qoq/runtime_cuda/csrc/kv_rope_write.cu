@@ -4,6 +4,7 @@
 // each token goes. Rounding follows the torch reference op for op (fp32, round-to-nearest, no
 // fused multiply-add), so codes match exactly.
 #include "attention_kv4.cuh"
+#include "grid_dependency.cuh"
 
 namespace qoq_attn {
 namespace {
@@ -16,6 +17,7 @@ __global__ void __launch_bounds__(kThreads) rope_kv4_write_kernel(const RopeWrit
   constexpr int kHeadsPerPass = kThreads / kLanes;
   const int t = blockIdx.x;
   const int li = threadIdx.x % kLanes, hs = threadIdx.x / kLanes;
+  allow_dependent_grids();  // decode attention launched as a programmatic dependent may start its copies
   // shuffles stay inside one head's lanes: heads of a warp may run different trip counts
   const unsigned mask = ((kLanes == 32) ? 0xffffffffu : ((1u << kLanes) - 1u))
                         << ((threadIdx.x % 32) / kLanes * kLanes);
