@@ -84,6 +84,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--build-root", type=Path, default=Path("build/cuda"))
     args = ap.parse_args()
+    if not args.pdl and args.old is None:
+        ap.error("--old is required (or --pdl, which times --new alone)")
     family = attention if args.cases == "decode" else gemm
     if args.pdl:  # side -> (module, enable_pdl)
         new = build("new", args.new, args.build_root, family)
