@@ -200,9 +200,9 @@ def with_plan(row, sms, copy_tbps):
         if f"kv4{suffix}_ms_by_stages" not in row:  # runs before the enable_pdl option
             continue
         row[f"kv4{suffix}_ms"] = ms = row[f"kv4{suffix}_ms_by_stages"][str(row["stages"])]
-        row[f"kv4{suffix}_tbps"] = kv4_bytes / ms / 1e9
+        row[f"kv4{suffix}_tbps"] = tbps = kv4_bytes / ms / 1e9
         row[f"speedup_vs_sdpa{suffix}"] = row["sdpa_ms"] / ms
-        row[f"bandwidth_fraction{suffix}"] = kv4_bytes / ms / 1e9 / copy_tbps
+        row[f"bandwidth_fraction{suffix}"] = tbps / copy_tbps
     return row
 
 

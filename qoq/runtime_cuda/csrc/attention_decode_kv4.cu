@@ -415,9 +415,7 @@ cudaError_t launch(const DecodeParams& p, cudaStream_t stream) {
   static const cudaError_t attr =
       cudaFuncSetAttribute(decode_kv4_kernel<D, kStages>, cudaFuncAttributeMaxDynamicSharedMemorySize, kRingBytes);
   if (attr != cudaSuccess) return attr;
-  cudaLaunchAttribute dependent{};
-  dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  dependent.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute dependent = programmatic_dependent_launch();
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(p.num_splits, p.num_kv_heads, p.batch);
   config.blockDim = dim3(kThreads);

@@ -81,10 +81,7 @@ static void launch_clustered(void (*kernel)(Params...), dim3 grid, int threads, 
     attrs[n].id = cudaLaunchAttributeClusterDimension;
     attrs[n++].val.clusterDim = {cluster.x, cluster.y, cluster.z};
   }
-  if (dependent) {
-    attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attrs[n++].val.programmaticStreamSerializationAllowed = 1;
-  }
+  if (dependent) attrs[n++] = programmatic_dependent_launch();
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = dim3(threads);

@@ -4,6 +4,16 @@
 // no-ops before sm_90 and in a kernel launched without the attribute.
 #pragma once
 
+#include <cuda_runtime.h>
+
+// The launch attribute (cudaLaunchKernelEx) that makes a kernel a programmatic dependent.
+inline cudaLaunchAttribute programmatic_dependent_launch() {
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  return attr;
+}
+
 // Until the kernels ahead in the stream have completed and their writes are visible.
 __device__ __forceinline__ void wait_prior_grids() {
 #if __CUDA_ARCH__ >= 900
