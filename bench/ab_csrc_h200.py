@@ -9,7 +9,8 @@ drift falls on both sides. The committed outputs of this session's runs are in b
 
 `--cases decode` times the decode attention kernel (pinned splits and ring stages) instead. `--pdl`
 times one tree's GEMMs launched plainly (column "off") and as programmatic dependents ("on";
-w4a8_gemm's enable_pdl) instead of two trees.
+w4a8_gemm's enable_pdl) instead of two trees; `--dependent` launches both trees' calls as programmatic
+dependents (as CudaW4A8Linear and the decode loop launch them).
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--old", type=Path)
     ap.add_argument("--pdl", action="store_true", help="--new alone, without and with enable_pdl")
+    ap.add_argument("--dependent", action="store_true", help="both trees with enable_pdl")
     ap.add_argument("--new", type=Path, required=True)
     ap.add_argument("--cases", choices=sorted(CASES), required=True)
     ap.add_argument("--out", type=Path, required=True)
@@ -91,7 +93,7 @@ def main() -> None:
         new = build("new", args.new, args.build_root, family)
         sides = {"off": (new, False), "on": (new, True)}
     else:
-        sides = {name: (build(name, tree, args.build_root, family), False)
+        sides = {name: (build(name, tree, args.build_root, family), args.dependent)
                  for name, tree in (("old", args.old), ("new", args.new))}
     rows = []
     for case in CASES[args.cases]:

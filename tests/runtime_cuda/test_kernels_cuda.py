@@ -117,7 +117,9 @@ def test_gemm_level2_scale_16_and_zero_codes():
 
 def test_persistent_gemv_exact_over_column_blocks_and_repeats():
     """gemv16p's blocks take several 32-column blocks each (N/32 > SMs) through two alternating sum
-    buffers: fresh inputs many times at M <= 16, with and without the paired row copies (M >= 4)."""
+    buffers, with each block's epilogue terms staged in shared memory: fresh inputs many times at M <= 16,
+    with and without the paired row copies (M >= 4); accumulators exact, fp16 outputs (bias, and per
+    channel the zero term) bit-equal to the staged GEMV's."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     n = 32 * (3 * sms + 5)  # every block 3 or 4 column blocks; an odd count for the pairs
     failures = []
@@ -126,12 +128,16 @@ def test_persistent_gemv_exact_over_column_blocks_and_repeats():
         s2 = {a: v for a, v in _gemm_args(t).items() if a.startswith("s2")}
         for rep in range(4):
             for m in (1, 3, 4, 9, 16):
-                qx = torch.randint(-127, 128, (m, k), dtype=torch.int8, device=DEV)
+                qx, s_x, xsum = reference_quant(torch.randn(m, k, device=DEV).half(), sums="inputs")
                 acc_ref = reference_accumulators(qx, t["w.qweight"], **s2)
                 acc = _kernel_accumulators(qx, t["w.qweight"], "gemv16p", **s2)
                 bad = int((acc.long() != acc_ref).sum())
-                if bad:
-                    failures.append((group_size, k, rep, m, bad))
+                args = dict(_gemm_args(t), xsum=xsum if group_size == -1 else None)
+                y, y_staged = (w4a8_gemm(qx, s_x, t["w.qweight"], t["w.s1_scales"], variant=v, **args)
+                               for v in ("gemv16p", "gemv"))
+                bad_out = int((y != y_staged).sum())
+                if bad or bad_out:
+                    failures.append((group_size, k, rep, m, bad, bad_out))
     assert not failures, failures
 
 
