@@ -21,15 +21,7 @@
 
 #include "attention_decode_kv4.cu"
 #include "bulk_copy.cuh"
-
-#define CK(x)                                                                        \
-  do {                                                                               \
-    cudaError_t e = (x);                                                             \
-    if (e != cudaSuccess) {                                                          \
-      printf("CUDA error %s at line %d\n", cudaGetErrorString(e), __LINE__);         \
-      exit(1);                                                                       \
-    }                                                                                \
-  } while (0)
+#include "cuda_check.h"
 
 namespace {
 
