@@ -1,7 +1,9 @@
 // The split-K "GEMV" W4A8 kernel for small M: memory bound, each warp streams its runs of INT4
 // weight tiles from HBM with a register ping-pong (the next run's loads in flight while this one
-// computes). A cp.async ring in shared memory measured slower on the H200 (same bytes in flight), and
-// so did a persistent kernel feeding a ring with bulk async copies (TMA): 2.3 TB/s streaming alone.
+// computes). A cp.async ring in shared memory measured slower on the H200, with the same bytes in flight
+// and with 3-6 runs a warp (more in flight, but each block's first compute waits for its activation rows;
+// bench/results/gemm_h200.json notes), and so did a persistent kernel feeding a ring with bulk async
+// copies (TMA): 2.3 TB/s streaming alone.
 #pragma once
 
 #include "bulk_copy.cuh"
