@@ -215,6 +215,8 @@ double time_launches(Launch launch, const std::vector<const uint8_t*>& bufs) {
   }
   CK(cudaGetLastError());
   std::sort(ms.begin(), ms.end());
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
   CK(cudaGraphExecDestroy(ge));
   CK(cudaGraphDestroy(g));
   CK(cudaStreamDestroy(s));

@@ -117,9 +117,8 @@ def test_gemm_level2_scale_16_and_zero_codes():
 
 def test_persistent_gemv_exact_over_column_blocks_and_repeats():
     """gemv16p's blocks take several 32-column blocks each (N/32 > SMs) through two alternating sum
-    buffers, with each block's epilogue terms staged in shared memory: fresh inputs many times at M <= 16,
-    with and without the paired row copies (M >= 4); accumulators exact, fp16 outputs (bias, and per
-    channel the zero term) bit-equal to the staged GEMV's."""
+    buffers: fresh inputs many times at M <= 16, with and without the paired row copies (M >= 4);
+    accumulators exact, fp16 outputs (bias, and per channel the zero term) bit-equal to the staged GEMV's."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     n = 32 * (3 * sms + 5)  # every block 3 or 4 column blocks; an odd count for the pairs
     failures = []

@@ -1,4 +1,4 @@
-"""GEMV trees side by side, plain launches (scratch)."""
+"""GEMV trees side by side, launched as programmatic dependents (scratch script, kept as it ran for ab_gemv_ring_stages.json)."""
 import json, sys, subprocess
 from pathlib import Path
 import torch
