@@ -1,6 +1,10 @@
 // Decode attention, last step: merge the warps' partial softmax states of one CTA, then either
 // write the output (one split) or this split's partial state; the last split of a (sequence, KV
-// head) to finish (atomic counter) merges all splits, so the whole op is one launch.
+// head) to finish (atomic counter) merges all splits, so the whole op is one launch. kSplit is a
+// template parameter, not a runtime test: the kernel that never splits carries none of the merge
+// code. Compiled in and never executed, it made that kernel 12-15% slower on the H200 (ptxas
+// scheduled the chunk loop differently at the 128-register cap; removing only the merge's fences,
+// atomic, __ldcg loads or barriers did not help: bench/results/probes_h200/decode_bisect.py).
 #pragma once
 
 #include <cmath>
@@ -33,72 +37,15 @@ struct CombineRows {
   __device__ static int dim(int pos) { return (pos % 8) * (D / 8) + pos / 8; }
 };
 
-// scratch: >= CombineRows<D>::kFloats floats of shared memory no longer used by the caller.
+// The last split of (sequence b, KV head) to arrive merges every split's partial state into out (bh:
+// b * H_kv + head). Called by all threads of a CTA once its own partial state is stored.
 template <int D>
-__device__ __forceinline__ void combine_warps_and_splits(const DecodeParams& p, WarpState<D>& st, float* scratch,
-                                                         int split, int head, int b) {
-  using Rows = CombineRows<D>;
-  __shared__ float sm_m[kDecodeWarps][kMaxGroup], sm_l[kDecodeWarps][kMaxGroup];
+__device__ __forceinline__ void merge_splits(const DecodeParams& p, int bh) {
   __shared__ float sm_wt[kMaxGroup][kMaxSplits];
   __shared__ int is_last;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, quad = lane & 3, grp = lane >> 2;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int G = p.group, GD = G * D, S = p.num_splits;
-  const int bh = b * p.num_kv_heads + head;
-  const size_t part = (size_t)bh * S + split;
-#pragma unroll
-  for (int h = 0; h < 2; ++h)
-#pragma unroll
-    for (int x = 4; x <= 16; x <<= 1) st.l[h] += __shfl_xor_sync(0xffffffffu, st.l[h], x);
-  if (grp == 0) {
-    sm_m[warp][2 * quad] = st.m[0]; sm_l[warp][2 * quad] = st.l[0];
-    sm_m[warp][2 * quad + 1] = st.m[1]; sm_l[warp][2 * quad + 1] = st.l[1];
-  }
-  __syncthreads();
-
-  // Each lane weighs its own o by exp2(m - M) for the CTA's max M of its heads (and by 1 / L with one
-  // split), so the cross-warp step is a plain sum. A warp without tokens has m = -inf and weight 0.
-  float wt[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int g = 2 * quad + h;
-    float M = -INFINITY, L = 0.f;
-#pragma unroll
-    for (int w = 0; w < kDecodeWarps; ++w) M = fmaxf(M, sm_m[w][g]);
-#pragma unroll
-    for (int w = 0; w < kDecodeWarps; ++w) L += sm_m[w][g] == -INFINITY ? 0.f : sm_l[w][g] * exp2f(sm_m[w][g] - M);
-    wt[h] = st.m[h] == -INFINITY ? 0.f : exp2f(st.m[h] - M);
-    if (S == 1) wt[h] = L > 0.f ? wt[h] / L : 0.f;
-    if (S > 1 && warp == 0 && grp == 0 && g < G) {
-      p.part_ml[(part * G + g) * 2] = M;
-      p.part_ml[(part * G + g) * 2 + 1] = L;
-    }
-  }
-  constexpr float kEven = 16777216.f, kOdd = 1048576.f;  // 2^24; 2^24 / 16 for the high nibbles
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int g = 2 * quad + h;
-    if (g >= G) continue;
-    float* row = scratch + (warp * kMaxGroup + g) * Rows::kRow;
-#pragma unroll
-    for (int i = 0; i < D / 16; ++i) {  // d = grp * D/8 + 2i (and + 1): positions 16 i + grp (and + 8)
-      row[16 * i + grp] = (st.o[i][h] * kEven - st.z[h]) * wt[h];
-      row[16 * i + 8 + grp] = (st.o[i][2 + h] * kOdd - st.z[h]) * wt[h];
-    }
-  }
-  __syncthreads();
-
-  half* out = p.out + (size_t)bh * GD;  // query heads head*G .. head*G+G-1 of sequence b
-  for (int idx = threadIdx.x; idx < GD; idx += kDecodeThreads) {  // idx: g and a row position
-    const int g = idx / D, pos = idx % D, d = Rows::dim(pos);
-    float O = 0.f;
-#pragma unroll
-    for (int w = 0; w < kDecodeWarps; ++w) O += scratch[(w * kMaxGroup + g) * Rows::kRow + pos];
-    if (S == 1)
-      out[g * D + d] = __float2half_rn(O);
-    else
-      p.part_o[part * GD + g * D + d] = O;
-  }
-  if (S == 1) return;
+  half* out = p.out + (size_t)bh * GD;
   __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) is_last = atomicAdd(&p.counters[bh], 1) == S - 1;
@@ -136,6 +83,73 @@ __device__ __forceinline__ void combine_warps_and_splits(const DecodeParams& p, 
     out[idx] = __float2half_rn(O);
   }
   if (threadIdx.x == 0) p.counters[bh] = 0;
+}
+
+// scratch: >= CombineRows<D>::kFloats floats of shared memory no longer used by the caller.
+// kSplit: p.num_splits > 1.
+template <int D, bool kSplit>
+__device__ __forceinline__ void combine_warps_and_splits(const DecodeParams& p, WarpState<D>& st, float* scratch,
+                                                         int split, int head, int b) {
+  using Rows = CombineRows<D>;
+  __shared__ float sm_m[kDecodeWarps][kMaxGroup], sm_l[kDecodeWarps][kMaxGroup];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, quad = lane & 3, grp = lane >> 2;
+  const int G = p.group, GD = G * D, S = kSplit ? p.num_splits : 1;
+  const int bh = b * p.num_kv_heads + head;
+  const size_t part = (size_t)bh * S + split;
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int x = 4; x <= 16; x <<= 1) st.l[h] += __shfl_xor_sync(0xffffffffu, st.l[h], x);
+  if (grp == 0) {
+    sm_m[warp][2 * quad] = st.m[0]; sm_l[warp][2 * quad] = st.l[0];
+    sm_m[warp][2 * quad + 1] = st.m[1]; sm_l[warp][2 * quad + 1] = st.l[1];
+  }
+  __syncthreads();
+
+  // Each lane weighs its own o by exp2(m - M) for the CTA's max M of its heads (and by 1 / L with one
+  // split), so the cross-warp step is a plain sum. A warp without tokens has m = -inf and weight 0.
+  float wt[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int g = 2 * quad + h;
+    float M = -INFINITY, L = 0.f;
+#pragma unroll
+    for (int w = 0; w < kDecodeWarps; ++w) M = fmaxf(M, sm_m[w][g]);
+#pragma unroll
+    for (int w = 0; w < kDecodeWarps; ++w) L += sm_m[w][g] == -INFINITY ? 0.f : sm_l[w][g] * exp2f(sm_m[w][g] - M);
+    wt[h] = st.m[h] == -INFINITY ? 0.f : exp2f(st.m[h] - M);
+    if constexpr (!kSplit) wt[h] = L > 0.f ? wt[h] / L : 0.f;
+    if (kSplit && warp == 0 && grp == 0 && g < G) {
+      p.part_ml[(part * G + g) * 2] = M;
+      p.part_ml[(part * G + g) * 2 + 1] = L;
+    }
+  }
+  constexpr float kEven = 16777216.f, kOdd = 1048576.f;  // 2^24; 2^24 / 16 for the high nibbles
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int g = 2 * quad + h;
+    if (g >= G) continue;
+    float* row = scratch + (warp * kMaxGroup + g) * Rows::kRow;
+#pragma unroll
+    for (int i = 0; i < D / 16; ++i) {  // d = grp * D/8 + 2i (and + 1): positions 16 i + grp (and + 8)
+      row[16 * i + grp] = (st.o[i][h] * kEven - st.z[h]) * wt[h];
+      row[16 * i + 8 + grp] = (st.o[i][2 + h] * kOdd - st.z[h]) * wt[h];
+    }
+  }
+  __syncthreads();
+
+  half* out = p.out + (size_t)bh * GD;  // query heads head*G .. head*G+G-1 of sequence b
+  for (int idx = threadIdx.x; idx < GD; idx += kDecodeThreads) {  // idx: g and a row position
+    const int g = idx / D, pos = idx % D, d = Rows::dim(pos);
+    float O = 0.f;
+#pragma unroll
+    for (int w = 0; w < kDecodeWarps; ++w) O += scratch[(w * kMaxGroup + g) * Rows::kRow + pos];
+    if constexpr (!kSplit)
+      out[g * D + d] = __float2half_rn(O);
+    else
+      p.part_o[part * GD + g * D + d] = O;
+  }
+  if constexpr (kSplit) merge_splits<D>(p, bh);
 }
 
 }  // namespace qoq_attn

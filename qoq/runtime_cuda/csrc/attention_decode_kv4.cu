@@ -320,8 +320,9 @@ __device__ __forceinline__ float load_query(const DecodeParams& p, int b, int he
 }
 
 // kStages: ring slots per warp (chunks in flight + 1). Three cover the memory latency better in long
-// runs of chunks, two start faster (a smaller first burst of copies); attention.py picks.
-template <int D, int kStages>
+// runs of chunks, two start faster (a smaller first burst of copies); attention.py picks. kSplit:
+// p.num_splits > 1 (attention_decode_combine.cuh says why that is a template parameter).
+template <int D, int kStages, bool kSplit>
 __global__ void __launch_bounds__(kThreads, 4) decode_kv4_kernel(const DecodeParams p) {
   using C = Chunk<D>;
   static_assert(kStages >= 2 && kStages * kWarps * C::kSlotBytes <= kMaxRingBytes, "2 or more slots that fit");
@@ -406,14 +407,14 @@ __global__ void __launch_bounds__(kThreads, 4) decode_kv4_kernel(const DecodePar
   allow_dependent_grids();  // every copy of this CTA is issued: the next kernel may start
   cp_async_wait<0>();
   __syncthreads();  // the ring becomes the combine's scratch
-  combine_warps_and_splits<D>(p, st, reinterpret_cast<float*>(smem), split, head, b);
+  combine_warps_and_splits<D, kSplit>(p, st, reinterpret_cast<float*>(smem), split, head, b);
 }
 
-template <int D, int kStages>
+template <int D, int kStages, bool kSplit>
 cudaError_t launch(const DecodeParams& p, cudaStream_t stream) {
   constexpr int kRingBytes = kStages * kWarps * Chunk<D>::kSlotBytes;
-  static const cudaError_t attr =
-      cudaFuncSetAttribute(decode_kv4_kernel<D, kStages>, cudaFuncAttributeMaxDynamicSharedMemorySize, kRingBytes);
+  static const cudaError_t attr = cudaFuncSetAttribute(decode_kv4_kernel<D, kStages, kSplit>,
+                                                       cudaFuncAttributeMaxDynamicSharedMemorySize, kRingBytes);
   if (attr != cudaSuccess) return attr;
   cudaLaunchAttribute dependent = programmatic_dependent_launch();
   cudaLaunchConfig_t config{};
@@ -423,7 +424,12 @@ cudaError_t launch(const DecodeParams& p, cudaStream_t stream) {
   config.stream = stream;
   config.attrs = &dependent;
   config.numAttrs = p.dependent ? 1 : 0;  // grid_dependency.cuh
-  return cudaLaunchKernelEx(&config, decode_kv4_kernel<D, kStages>, p);
+  return cudaLaunchKernelEx(&config, decode_kv4_kernel<D, kStages, kSplit>, p);
+}
+
+template <int D, int kStages>
+cudaError_t launch(const DecodeParams& p, cudaStream_t stream) {
+  return p.num_splits > 1 ? launch<D, kStages, true>(p, stream) : launch<D, kStages, false>(p, stream);
 }
 
 }  // namespace
