@@ -60,11 +60,13 @@ def supported_stages(head_dim: int) -> tuple[int, ...]:
 
 def plan_stages(batch: int, num_kv_heads: int, num_splits: int, head_dim: int, num_sms: int) -> int:
     """Ring slots per warp of the decode kernel: three (head_dim 128 only; D = 64 chunks are twice the
-    bytes) keep more copies in flight, which pays once the grid is two or more waves of CTAs; in a
-    single wave two start faster, the first burst of copies being smaller (measured on H200:
-    kv4_ms_by_stages in bench/results/attention_h200.json)."""
-    waves = batch * num_kv_heads * num_splits / (CTAS_PER_SM * num_sms)
-    return 3 if 3 in supported_stages(head_dim) and waves >= 2 else 2
+    bytes) keep more copies in flight, which pays once the grid is two or more waves of CTAs, and in an
+    unsplit grid of at most one CTA per SM (its 4 warps alone keep the SM's copies in flight); otherwise
+    two start faster, the first burst of copies being smaller, and split CTAs have few chunks a warp
+    (measured on H200: kv4_ms_by_stages in bench/results/attention_h200.json)."""
+    ctas = batch * num_kv_heads * num_splits
+    many = ctas >= 2 * CTAS_PER_SM * num_sms or (num_splits == 1 and ctas <= num_sms)
+    return 3 if 3 in supported_stages(head_dim) and many else 2
 
 
 def _counter_buffer(device: torch.device, n: int) -> torch.Tensor:

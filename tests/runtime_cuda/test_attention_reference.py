@@ -172,8 +172,10 @@ def test_decode_launch_plans():
     assert split_plan(1, 8, 300, sms) == (1, 5)  # a short sequence is not split
     assert split_plan(16, 8, 1536, sms) == (1, 24)  # 128 CTAs fill half the SMs: splits need >= 32 pages
     assert split_plan(16, 8, 4096, sms) == (2, 32)
-    # three ring slots once the grid is two or more waves of 4 CTAs per SM
+    # three ring slots once the grid is two or more waves of 4 CTAs per SM, or unsplit at <= 1 CTA per SM
     assert plan_stages(64, 32, 1, 128, sms) == 3  # Llama-2-7B B=64: 2048 CTAs
     assert plan_stages(64, 8, 1, 128, sms) == 2  # Llama-3-8B B=64: 512 CTAs, one wave
+    assert plan_stages(16, 8, 1, 128, sms) == 3  # Llama-3-8B B=16: 128 CTAs, unsplit
     assert plan_stages(1, 8, 16, 128, sms) == 2  # B=1, split 16 ways: 128 CTAs
+    assert plan_stages(1, 32, 8, 128, sms) == 2  # B=1, split 8 ways: 256 CTAs
     assert plan_stages(256, 32, 1, 64, sms) == 2  # head_dim 64: two slots only
