@@ -10,7 +10,8 @@ warm and flushed L2, 2 and 3 ring slots, next to the no-math streams), and runs 
 Variants ("+" joins edits): nomath (attend_chunk replaced by one word read per chunk), nocombine (the
 combine replaced by a sum of every accumulator into a sink), noseqlen, noq, nostore, phase1, p0 (the combine
 cut after its first or second step), staticsmem, s1only (the cross-split merge removed from the code),
-nofence / noatomic / noldcg / nobar (one kind of instruction removed from the merge).
+nofence / noatomic / noldcg / nobar (one kind of instruction removed from the merge), nopartial (no
+instantiation for a sequence's last, partial chunk: wrong results there, a bound).
 """
 import itertools, json, os, subprocess, sys
 from concurrent.futures import ThreadPoolExecutor
@@ -69,6 +70,11 @@ EDITS = {
               ("  __syncthreads();\n  if (!is_last) return;", "  if (!is_last) return;"),
               ("  }\n  __syncthreads();\n  for (int idx = threadIdx.x; idx < GD; idx += kDecodeThreads) {\n    const int g = idx / D;",
                "  }\n  for (int idx = threadIdx.x; idx < GD; idx += kDecodeThreads) {\n    const int g = idx / D;")],
+    "nopartial": [("""    if (tok_end - t >= C::kTokens)  // split ends are page-aligned: only a sequence's end cuts a chunk
+      attend_chunk<D, false>(c, qb, qs, u_log2, C::kTokens, st, lane);
+    else
+      attend_chunk<D, true>(c, qb, qs, u_log2, tok_end - t, st, lane);""",
+                   "    attend_chunk<D, false>(c, qb, qs, u_log2, C::kTokens, st, lane);  // wrong for partial chunks")],
     "noseqlen": [("  const int seq_len = p.seq_lens[b];", "  const int seq_len = p.pages_per_split * kPageTokens;")],
     "noq": [("  const float qsum = load_query<D>(p, b, head, lane, qb);",
              "  for (int i = 0; i < D / 16; ++i) qb[i][0] = qb[i][1] = 0x3c003c00u * (lane == 99);\n  const float qsum = 0.f;")],
