@@ -34,6 +34,8 @@ CASES = {  # (N, K, M, group, variant)
     # the wgmma tiles auto_variant picks at M = 256 and 2048 (H200: 132 SMs), per group and per channel
     "wgmma": [(n, k, m, g, gemm.auto_variant(m, n, k, g, 132, True))
               for n, k in LLAMA2 for m in (256, 2048) for g in (128, -1)],
+    # the same at group 64 (two s2 / -z rows a k-step)
+    "wgmma_g64": [(n, k, m, 64, gemm.auto_variant(m, n, k, 64, 132, True)) for n, k in LLAMA2 for m in (256, 2048)],
     # the wgmma tiles auto_variant picks at M = 32, 64, 128 (H200), where K splits decide much of the time
     "wgmma_mid": [(n, k, m, g, gemm.auto_variant(m, n, k, g, 132, True))
                   for n, k in LLAMA2 for m in (32, 64, 128) for g in (128, -1)],
