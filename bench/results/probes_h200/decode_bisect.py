@@ -11,7 +11,8 @@ Variants ("+" joins edits): nomath (attend_chunk replaced by one word read per c
 combine replaced by a sum of every accumulator into a sink), noseqlen, noq, nostore, phase1, p0 (the combine
 cut after its first or second step), staticsmem, s1only (the cross-split merge removed from the code),
 nofence / noatomic / noldcg / nobar (one kind of instruction removed from the merge), nopartial (no
-instantiation for a sequence's last, partial chunk: wrong results there, a bound).
+instantiation for a sequence's last, partial chunk: wrong results there, a bound), noinline (the combine
+as a call).
 """
 import itertools, json, os, subprocess, sys
 from concurrent.futures import ThreadPoolExecutor
@@ -75,6 +76,7 @@ EDITS = {
     else
       attend_chunk<D, true>(c, qb, qs, u_log2, tok_end - t, st, lane);""",
                    "    attend_chunk<D, false>(c, qb, qs, u_log2, C::kTokens, st, lane);  // wrong for partial chunks")],
+    "noinline": [("__device__ __forceinline__ void combine_warps_and_splits", "__device__ __noinline__ void combine_warps_and_splits")],
     "noseqlen": [("  const int seq_len = p.seq_lens[b];", "  const int seq_len = p.pages_per_split * kPageTokens;")],
     "noq": [("  const float qsum = load_query<D>(p, b, head, lane, qb);",
              "  for (int i = 0; i < D / 16; ++i) qb[i][0] = qb[i][1] = 0x3c003c00u * (lane == 99);\n  const float qsum = 0.f;")],
@@ -86,7 +88,7 @@ SHAPES = [s.split("x") for s in sys.argv[3].split(",")]
 def build(variant):
     name = "base" if not variant else "_".join(variant)
     src = SRC
-    if any(key in ("nostore", "phase1", "p0", "s1only", "nofence", "noatomic", "noldcg", "nobar") for key in variant):  # edits of the combine: inline a copy of it
+    if any(key in ("nostore", "phase1", "p0", "s1only", "nofence", "noatomic", "noldcg", "nobar", "noinline") for key in variant):  # edits of the combine: inline a copy of it
         comb = (CSRC / "attention_decode_combine.cuh").read_text()
         src = src.replace('#include "attention_decode_combine.cuh"', comb.replace("#pragma once", ""))
     for key in variant:
