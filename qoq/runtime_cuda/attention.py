@@ -37,8 +37,8 @@ def split_plan(batch: int, num_kv_heads: int, max_seq_len: int, num_sms: int, nu
     head, split) CTAs per SM where the batch alone gives fewer, at least 3 pages a split, or at least 32
     where the unsplit grid already fills half the SMs, rounded down to a power of two (at B1, 3 and 6
     splits time slower than 4). Swept on H200 (split_sweep in bench/results/attention_h200.json), us:
-    Llama-3 B1 L512 6.5 unsplit vs 7.0 in 8; B16 L1536 14.3 unsplit vs 15.6 in 2; B16 L4096 28.7 in 2
-    vs 30.7 unsplit; Llama-2 B1 L1536 8.3 in 8 vs 8.6 in 4 (9.6 in 5 in the previous committed run)."""
+    Llama-3 B1 L512 5.9 unsplit vs 6.8 in 8; B16 L1536 13.2 unsplit vs 15.3 in 2; B16 L4096 28.7 in 2
+    vs 29.0 unsplit; Llama-2 B1 L1536 8.0 in 8 vs 8.4 in 4."""
     max_pages = max(1, math.ceil(max_seq_len / PAGE_TOKENS))
     if num_splits is None:
         ctas = batch * num_kv_heads
