@@ -54,8 +54,9 @@ CASES = {  # (N, K, M, group, variant)
     # a linear's two kernels (quant_tokens, then the GEMM auto_variant picks) at decode and prefill sizes
     "linear": [(n, k, m, g, "auto") for n, k in LLAMA2 for m in (1, 16, 256) for g in (128, -1)],
     # decode attention (model, batch, length, splits, stages): the plan's launch at the B >= 64 rows of
-    # the summary, one-wave and multi-wave, and split launches (the cross-split merge)
-    "decode": [("llama3-8b", 64, 512, 1, 2), ("llama3-8b", 64, 1536, 1, 2), ("llama3-8b", 256, 512, 1, 3),
+    # the summary, one-wave and multi-wave (the one-wave row also at the other ring depth), and split
+    # launches (the cross-split merge)
+    "decode": [("llama3-8b", 64, 512, 1, 2), ("llama3-8b", 64, 512, 1, 3), ("llama3-8b", 64, 1536, 1, 2), ("llama3-8b", 256, 512, 1, 3),
                ("llama3-8b", 256, 4096, 1, 3), ("llama2-7b", 64, 512, 1, 3), ("llama2-7b", 64, 1536, 1, 3),
                ("llama2-7b", 256, 1536, 1, 3), ("llama2-7b", 1, 4096, 5, 2), ("llama3-8b", 16, 1536, 2, 2),
                ("llama3-8b", 1, 4096, 16, 2)],

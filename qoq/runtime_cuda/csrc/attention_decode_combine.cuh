@@ -2,9 +2,9 @@
 // write the output (one split) or this split's partial state; the last split of a (sequence, KV
 // head) to finish (atomic counter) merges all splits, so the whole op is one launch. kSplit is a
 // template parameter, not a runtime test: the kernel that never splits carries none of the merge
-// code. Compiled in and never executed, it made that kernel 12-15% slower on the H200 (ptxas
-// scheduled the chunk loop differently at the 128-register cap; removing only the merge's fences,
-// atomic, __ldcg loads or barriers did not help: bench/results/probes_h200/decode_bisect.py).
+// code and none of its 2 KB of static shared memory. (That scratch once pushed the ring's base off
+// its 128-byte alignment, which made the kernel 12-15% slower; the ring is now aligned whatever
+// comes before it: decode_kv4_kernel.)
 #pragma once
 
 #include <cmath>

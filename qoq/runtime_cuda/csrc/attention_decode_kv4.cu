@@ -327,7 +327,13 @@ __global__ void __launch_bounds__(kThreads, 4) decode_kv4_kernel(const DecodePar
   using C = Chunk<D>;
   static_assert(kStages >= 2 && kStages * kWarps * C::kSlotBytes <= kMaxRingBytes, "2 or more slots that fit");
   constexpr int kStride = kWarps * C::kTokens;  // tokens from one of a warp's chunks to its next
-  extern __shared__ __align__(16) uint8_t smem[];
+  // The ring's swizzle is laid out for 128-byte lines, so its base must be 128-byte aligned. The
+  // dynamic window starts after the static __shared__ variables: with 2320 bytes of them (the split
+  // kernel's merge scratch) or 272, the ring sat 16 bytes off and the kernel moved 1.85x the shared
+  // wavefronts and took 12-15% longer (ncu: bench/results/probes_h200/README.md, tenth session).
+  // Declared so, trusted by the compiler, and checked once.
+  extern __shared__ __align__(128) uint8_t smem[];
+  if (threadIdx.x == 0 && (static_cast<uint32_t>(__cvta_generic_to_shared(smem)) & 127) != 0) __trap();
   const int split = blockIdx.x, head = blockIdx.y, b = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int tok_begin = split * p.pages_per_split * kPageTokens;
