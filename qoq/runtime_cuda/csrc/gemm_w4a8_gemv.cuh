@@ -59,7 +59,7 @@ __device__ __forceinline__ void gemv_copy_rows(const GemmParams& p, uint8_t* sme
     mbarrier_expect_tx(bar, static_cast<uint32_t>(p.M * p.K));
   }
   const uint32_t rank = cluster_rank(), blocks = cluster_size();
-  cluster_sync();  // every block's mbarrier is set up before any row is multicast to it
+  cluster_sync_after_init();  // every block's mbarrier is set up before any row is multicast to it
   for (int row = rank + blocks * threadIdx.x; row < p.M; row += blocks * WARPS * 32)
     bulk_copy(static_cast<uint32_t>(__cvta_generic_to_shared(act + row * row_bytes)),
               p.qx + static_cast<size_t>(row) * p.K, p.K, bar, static_cast<uint16_t>((1u << blocks) - 1));
