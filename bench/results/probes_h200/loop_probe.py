@@ -1,9 +1,13 @@
-"""Time decode kernels of several csrc trees in bench/kv4_stream_ceiling.cu's harness, then ncu
-source counters of two of them.  python scratch/loop_probe.py OUT shapes name=tree ... [--ncu a,b]"""
+"""Time the decode kernel of several csrc trees in bench/kv4_stream_ceiling.cu's harness (trees relative to
+the repository root; each built with its own copy of the harness), then export ncu source counters of some of
+them at Llama-2 B64 L1536 (ncu_source_summary.py totals those):
+
+    python bench/results/probes_h200/loop_probe.py OUT 32x1x64x1536,8x4x64x512 old=scratch/old_csrc new=qoq/runtime_cuda/csrc --ncu=old,new
+"""
 import json, os, subprocess, sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 OUT = Path(sys.argv[1]); OUT.mkdir(parents=True, exist_ok=True)
 SHAPES = [s.split("x") for s in sys.argv[2].split(",")]
 args = [a for a in sys.argv[3:] if "=" in a]

@@ -1,4 +1,5 @@
 #!/bin/bash
+# ncu source counters of four W4A8 GEMVs and of the one-wave decode row; run from the repository root, OUT set.
 export QOQ_CUDA_BUILD_DIR=$PWD/build/cuda PYTHONPATH=.
 mkdir -p build/cuda
 python -c "from qoq.runtime_cuda import gemm; gemm.extension()" 2>&1 | tail -2
