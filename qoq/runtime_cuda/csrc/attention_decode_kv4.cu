@@ -422,15 +422,8 @@ cudaError_t launch(const DecodeParams& p, cudaStream_t stream) {
   static const cudaError_t attr = cudaFuncSetAttribute(decode_kv4_kernel<D, kStages, kSplit>,
                                                        cudaFuncAttributeMaxDynamicSharedMemorySize, kRingBytes);
   if (attr != cudaSuccess) return attr;
-  cudaLaunchAttribute dependent = programmatic_dependent_launch();
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(p.num_splits, p.num_kv_heads, p.batch);
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = kRingBytes;
-  config.stream = stream;
-  config.attrs = &dependent;
-  config.numAttrs = p.dependent ? 1 : 0;  // grid_dependency.cuh
-  return cudaLaunchKernelEx(&config, decode_kv4_kernel<D, kStages, kSplit>, p);
+  return launch_with_attributes(decode_kv4_kernel<D, kStages, kSplit>, dim3(p.num_splits, p.num_kv_heads, p.batch),
+                                kThreads, kRingBytes, dim3(1, 1, 1), p.dependent, stream, p);
 }
 
 template <int D, int kStages>

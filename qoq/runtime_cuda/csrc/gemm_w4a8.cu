@@ -75,21 +75,7 @@ static void allow_smem(Kernel kernel, int smem, bool& configured) {
 template <typename... Params, typename... Args>
 static void launch_clustered(void (*kernel)(Params...), dim3 grid, int threads, int smem, dim3 cluster,
                              bool dependent, cudaStream_t stream, const Args&... args) {
-  cudaLaunchAttribute attrs[2]{};
-  unsigned n = 0;
-  if (cluster.x * cluster.y * cluster.z > 1) {
-    attrs[n].id = cudaLaunchAttributeClusterDimension;
-    attrs[n++].val.clusterDim = {cluster.x, cluster.y, cluster.z};
-  }
-  if (dependent) attrs[n++] = programmatic_dependent_launch();
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = dim3(threads);
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  config.attrs = attrs;
-  config.numAttrs = n;
-  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args...));
+  C10_CUDA_CHECK(launch_with_attributes(kernel, grid, threads, smem, cluster, dependent, stream, args...));
 }
 
 template <int BM, int WARPS_M, bool GROUPED>

@@ -14,6 +14,29 @@ inline cudaLaunchAttribute programmatic_dependent_launch() {
   return attr;
 }
 
+// Launch `kernel` on `grid` blocks of `threads` with `smem` bytes of dynamic shared memory, in clusters
+// of `cluster` blocks (1 x 1 x 1: none) and, with `dependent`, as a programmatic dependent. The one
+// launch path of the GEMM and attention kernels that take either attribute.
+template <typename... Params, typename... Args>
+cudaError_t launch_with_attributes(void (*kernel)(Params...), dim3 grid, int threads, int smem, dim3 cluster,
+                                   bool dependent, cudaStream_t stream, const Args&... args) {
+  cudaLaunchAttribute attrs[2]{};
+  unsigned n = 0;
+  if (cluster.x * cluster.y * cluster.z > 1) {
+    attrs[n].id = cudaLaunchAttributeClusterDimension;
+    attrs[n++].val.clusterDim = {cluster.x, cluster.y, cluster.z};
+  }
+  if (dependent) attrs[n++] = programmatic_dependent_launch();
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = attrs;
+  config.numAttrs = n;
+  return cudaLaunchKernelEx(&config, kernel, args...);
+}
+
 // Until the kernels ahead in the stream have completed and their writes are visible.
 __device__ __forceinline__ void wait_prior_grids() {
 #if __CUDA_ARCH__ >= 900
