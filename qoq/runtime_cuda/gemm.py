@@ -2,8 +2,8 @@
 qweight tiles are the mma.m16n8k32 B fragments the kernels read).
 
 Per group (§3.1): Y = s_x · s1 · Σ_k qx·(q·s2 + s2_zeros); per channel (§3.2): Y = s_x · s · Σ_k qx·q − z·Σx.
-Per group the wgmma kernels multiply the biased u8 weights W8 + 128 and take 128·Σ_k qx off again: the
-per-token code sums `qsum`, which the fused quantization kernels emit (sums="codes").
+Per group the wgmma and GEMV kernels multiply the biased u8 weights W8 + 128 and take 128·Σ_k qx off again:
+the per-token code sums `qsum`, which the fused quantization kernels emit (sums="codes").
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ VARIANTS = {"gemv": 1, "gemv16": 6, "gemv16p": 11, "tiled64": 2, "tiled128": 3, 
             "wg128x64": 7, "wg128x128": 8, "wg64x64": 9, "wg64x64k2": 10}
 GEMV_MAX_M = 64
 GEMVP_MAX_M = 16  # the persistent GEMV stages at most 16 activation rows
-WGMMA_IDS = {i for v, i in VARIANTS.items() if v.startswith("wg")}
+# the kernels that take the code sums per group (biased u8 weights)
+BIASED_IDS = {i for v, i in VARIANTS.items() if v.startswith(("wg", "gemv"))}
 
 
 def extension():
@@ -67,11 +68,13 @@ def auto_variant(m: int, n: int, k: int, group: int, multiprocessors: int, hoppe
     if gemv_ok and m <= 16 and n // 32 <= multiprocessors and (k >= 8192 or m == 1 or (pdl and hopper)):
         return "gemv16"
     # Several 32-column blocks per SM, spread evenly (>= 95% of the SMs busy in the last round; qkv_proj:
-    # 384 over 132 SMs): the persistent GEMV stages the rows once per SM (qkv g128 M=16 13.44 vs 14.0 us;
-    # M=4 12.3 vs 13.1 in bench/results/ab_h200/gemv_sweep_m1_4_16.json; at M=1 the 8-warp GEMV, 11.8 vs
-    # 12.2). gate_up_proj's 688 leave the sixth round 21% full: the 8-warp GEMV wins (M=16 20.7 vs 22.5).
+    # 384 over 132 SMs): the persistent GEMV stages the rows once per SM (qkv g128 M=16 12.2 vs 12.7 us;
+    # at M=1 the 8-warp GEMV, 11.4 vs 11.3). Where the last round is partly filled (gate_up_proj's 688
+    # leave the sixth 21% full) it still wins per channel from M = 16 (17.0 vs 18.3), not per group
+    # (M=4 18.3 vs 17.4, M=16 19.2 vs 19.1) nor at M = 4, 8 (bench/results/ab_h200/ab_gemv_gate_up.json).
     per_sm = -(-(n // 32) // multiprocessors)
-    if gemv_ok and 4 <= m <= GEMVP_MAX_M and per_sm > 1 and n // 32 >= 0.95 * per_sm * multiprocessors:
+    even = n // 32 >= 0.95 * per_sm * multiprocessors
+    if gemv_ok and 4 <= m <= GEMVP_MAX_M and per_sm > 1 and (even or (group == -1 and m > 8)):
         return "gemv16p"
     if gemv_ok and m <= 16:
         return "gemv"
@@ -144,9 +147,9 @@ def _variant_id(variant: str, qx: torch.Tensor, n: int, group: int, pdl: bool = 
 
 
 def _code_sums(qx: torch.Tensor, qsum: torch.Tensor | None, variant_id: int, group: int) -> torch.Tensor | None:
-    """The int32 [M] code sums a per-group wgmma GEMM needs: `qsum` as given, or summed here (one more
-    kernel) when the caller has none; None where the kernel does not read them."""
-    if group == -1 or variant_id not in WGMMA_IDS:
+    """The int32 [M] code sums a per-group wgmma or GEMV kernel needs: `qsum` as given, or summed here (one
+    more kernel) when the caller has none; None where the kernel does not read them."""
+    if group == -1 or variant_id not in BIASED_IDS:
         return None
     if qsum is None:
         return qx.sum(dim=1, dtype=torch.int32)

@@ -84,7 +84,7 @@ Problem check_gemm(qoq_gemm::GemmParams& p, const at::Tensor& qx, const Opt& s_x
       return text("the gemv variant handles groups of 64 or 128, got ", p.group);
     p.s2 = s2->data_ptr<int8_t>();
     p.s2_zeros = s2_zeros->data_ptr<int8_t>();
-    if (wgmma) {  // per group the wgmma kernels take the code sums
+    if (wgmma || gemv) {  // per group the wgmma and GEMV kernels take the code sums
       if (Problem problem = check_vector(qsum, "qsum", at::kInt, M); !problem.empty()) return problem;
       p.qsum = qsum->data_ptr<int32_t>();
     }

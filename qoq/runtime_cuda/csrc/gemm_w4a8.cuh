@@ -187,4 +187,14 @@ __device__ __forceinline__ uint4 load_stream16(const void* ptr) {
   return v;
 }
 
+// load_stream16 that the compiler keeps where it is among the other volatile asm (ldmatrix): issued
+// only once the registers it fills have been used.
+__device__ __forceinline__ uint4 load_stream16_ordered(const void* ptr) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(ptr));
+  return v;
+}
+
 }  // namespace qoq_gemm

@@ -14,8 +14,9 @@ namespace qoq_gemm {
 
 // ---------------------------------------------------------------- GEMV: M <= 16*MT, split K
 // One block per 32 output columns; its WARPS warps (8 or 16) take interleaved runs of K. Per group
-// the B fragments are the biased u8 W8 + 128 (BiasedScales) and one more MMA per tile and row block
-// sums the 128 * x that comes off. With MT = 1 (M <= 16) the block first copies the M activation
+// the B fragments are the biased u8 W8 + 128 (BiasedScales); the 128 * (the token's code sum, p.qsum)
+// that comes off is subtracted once per output, as in the wgmma kernels (an MMA per tile summing it
+// here was a fifth of the MMAs). With MT = 1 (M <= 16) the block first copies the M activation
 // rows into shared memory and reads A fragments by ldmatrix: per-lane 4-byte loads of 16 rows cost
 // 8x the L1 wavefronts. Rows >= M point ldmatrix at 16 zero bytes.
 // Consecutive k-tiles a warp loads in one go: 8 (4 KB of weights) with 8 warps a block, 4 with 16 (same
@@ -89,6 +90,12 @@ __device__ __forceinline__ void gemv_wait_rows(uint8_t* smem) {
   __syncthreads();
 }
 
+// What the biased per-group fragments added to each output of `row`: 128 * its code sum.
+template <int GROUP>
+__device__ __forceinline__ int gemv_offset(const GemmParams& p, int row) {
+  return GROUP > 0 ? 128 * p.qsum[row] : 0;
+}
+
 // One warp's run of RUN consecutive k-tiles: the packed weights and the scale words of
 // the groups it spans (GROUP = 0: per channel, no scales).
 template <int GROUP, int RUN>
@@ -97,6 +104,16 @@ struct GemvRun {
   uint4 packed[RUN];
   uint32_t s2[GROUPS], zero[GROUPS];
 };
+
+// The scale words of group gi of the run that starts at k-tile `first`.
+template <int GROUP, int RUN>
+__device__ __forceinline__ void gemv_load_scales(const GemmParams& p, GemvRun<GROUP, RUN>& run, size_t scale_col,
+                                                 int first, int gi) {
+  const int k = (first + gi * GROUP / 32) * 32;
+  const size_t at = static_cast<size_t>(k / GROUP) * p.N + scale_col;
+  run.s2[gi] = k < p.K ? __ldg(reinterpret_cast<const uint32_t*>(p.s2 + at)) : 0u;
+  run.zero[gi] = k < p.K ? __ldg(reinterpret_cast<const uint32_t*>(p.s2_zeros + at)) : 0u;
+}
 
 template <int GROUP, int RUN>
 __device__ __forceinline__ void gemv_load_run(const GemmParams& p, GemvRun<GROUP, RUN>& run, const uint8_t* tiles,
@@ -108,30 +125,49 @@ __device__ __forceinline__ void gemv_load_run(const GemmParams& p, GemvRun<GROUP
   }
   if constexpr (GROUP > 0) {
 #pragma unroll
-    for (int gi = 0; gi < GemvRun<GROUP, RUN>::GROUPS; ++gi) {
-      const int k = (first + gi * GROUP / 32) * 32;
-      const size_t at = static_cast<size_t>(k / GROUP) * p.N + scale_col;
-      run.s2[gi] = k < p.K ? __ldg(reinterpret_cast<const uint32_t*>(p.s2 + at)) : 0u;
-      run.zero[gi] = k < p.K ? __ldg(reinterpret_cast<const uint32_t*>(p.s2_zeros + at)) : 0u;
-    }
+    for (int gi = 0; gi < GemvRun<GROUP, RUN>::GROUPS; ++gi) gemv_load_scales<GROUP, RUN>(p, run, scale_col, first, gi);
   }
 }
 
-template <int MT, int GROUP, int RUN>
-__device__ __forceinline__ void gemv_compute_run(const GemmParams& p, const GemvRun<GROUP, RUN>& run, int first,
+// Where a computed run's registers are refilled from (GemvRefill: the persistent GEMV), tile by tile:
+// the run at k-tile `first` of the column block at `tiles` (null: nothing more to load).
+struct GemvRefill {
+  const uint8_t* tiles;
+  size_t scale_col;
+  int first;
+};
+
+// Computes `run` (k-tiles first ..). With a GemvRefill, each tile's registers are loaded with the next
+// run's tile as soon as it is dequantized (volatile loads: they stay there), so a warp keeps 2 RUN - 1
+// tiles in flight through its math instead of RUN: same-call A/B, persistent GEMV, gate_up_proj M=16
+// 20.7 -> 19.0 us per group (bench/results/ab_h200/ab_gemv_refill.json). The 8- and 16-warp GEMVs
+// measured 4-20% slower so (the same A/B) and issue the next run's loads whole, between runs.
+template <int MT, int GROUP, int RUN, bool REFILL = false>
+__device__ __forceinline__ void gemv_compute_run(const GemmParams& p, GemvRun<GROUP, RUN>& run, int first,
                                                  int k_tiles, uint32_t a_base, uint32_t a_step,
-                                                 int (&acc)[MT][4][4], int (&offset)[MT][4]) {
+                                                 int (&acc)[MT][4][4], const GemvRefill& refill = {}) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   BiasedScales<4> bs{};
+  const bool refilling = REFILL && refill.tiles != nullptr;
 #pragma unroll
   for (int i = 0; i < RUN; ++i) {
     const int k0 = first + i;
-    if (k0 >= k_tiles) break;
+    if (!REFILL && k0 >= k_tiles) break;
     if constexpr (GROUP > 0) {  // unpack each group's scales once, when its first tile comes
-      if (i % (GROUP / 32) == 0) bs = unpack_biased_scales<4>(run.s2[i * 32 / GROUP], run.zero[i * 32 / GROUP], 0);
+      if (i % (GROUP / 32) == 0) {
+        constexpr int TILES = GROUP / 32;
+        bs = unpack_biased_scales<4>(run.s2[i / TILES], run.zero[i / TILES], 0);
+        if (refilling) gemv_load_scales<GROUP, RUN>(p, run, refill.scale_col, refill.first, i / TILES);
+      }
     }
     uint32_t b[4][2];
     dequant_tile<(GROUP > 0)>(run.packed[i], bs, b);
+    if (refilling) {
+      const int r0 = refill.first + i;
+      run.packed[i] = r0 < k_tiles ? load_stream16_ordered(refill.tiles + static_cast<size_t>(r0) * 512)
+                                   : make_uint4(0, 0, 0, 0);
+    }
+    if (REFILL && k0 >= k_tiles) continue;
     const int k = k0 * 32 + 4 * t;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
@@ -145,7 +181,6 @@ __device__ __forceinline__ void gemv_compute_run(const GemmParams& p, const Gemv
       }
 #pragma unroll
       for (int j = 0; j < 4; ++j) mma_16832<true>(acc[mt][j], a, b[j][0], b[j][1]);
-      if constexpr (GROUP > 0) mma_16832<true>(offset[mt], a, 0x80808080u, 0x80808080u);  // 128 * sum(x)
     }
   }
 }
@@ -164,7 +199,7 @@ __global__ void __launch_bounds__(WARPS * 32, MT == 1 ? 16 / WARPS : 1) gemm_gem
 
   // The first run's weight loads and the activation rows' copies go out together, in the order
   // ACT_FIRST says; the second run's loads wait for the activations (issuing them earlier was slower).
-  int acc[MT][4][4] = {}, offset[MT][4] = {};
+  int acc[MT][4][4] = {};
   GemvRun<GROUP, RUN> ping, pong;
   int first = warp * RUN;
   constexpr bool ACT_COPY_FIRST = MT == 1 && ACT_FIRST;
@@ -180,9 +215,9 @@ __global__ void __launch_bounds__(WARPS * 32, MT == 1 ? 16 / WARPS : 1) gemm_gem
   // Ping-pong between two runs: the next run's loads are in flight while this one computes.
   for (; first < k_tiles; first += 2 * STRIDE) {
     gemv_load_run<GROUP, RUN>(p, pong, tiles, scale_col, first + STRIDE, k_tiles);
-    gemv_compute_run<MT, GROUP, RUN>(p, ping, first, k_tiles, a_base, a_step, acc, offset);
+    gemv_compute_run<MT, GROUP, RUN>(p, ping, first, k_tiles, a_base, a_step, acc);
     gemv_load_run<GROUP, RUN>(p, ping, tiles, scale_col, first + 2 * STRIDE, k_tiles);
-    gemv_compute_run<MT, GROUP, RUN>(p, pong, first + STRIDE, k_tiles, a_base, a_step, acc, offset);
+    gemv_compute_run<MT, GROUP, RUN>(p, pong, first + STRIDE, k_tiles, a_base, a_step, acc);
   }
 
   allow_dependent_grids();  // every weight load is done: the next kernel's may go out
@@ -195,7 +230,7 @@ __global__ void __launch_bounds__(WARPS * 32, MT == 1 ? 16 / WARPS : 1) gemm_gem
     for (int j = 0; j < 4; ++j)
 #pragma unroll
       for (int r = 0; r < 4; ++r)
-        partial[((warp * MT + mt) * 16 + j * 4 + r) * 32 + lane] = acc[mt][j][r] - offset[mt][r];
+        partial[((warp * MT + mt) * 16 + j * 4 + r) * 32 + lane] = acc[mt][j][r];
   __syncthreads();
   constexpr int SLOTS = MT * 16 * 32;
   for (int i = threadIdx.x; i < SLOTS / 2; i += WARPS * 32) {
@@ -211,7 +246,10 @@ __global__ void __launch_bounds__(WARPS * 32, MT == 1 ? 16 / WARPS : 1) gemm_gem
     }
     const int row = mt * 16 + (slot_lane >> 2) + 8 * h;
     const int col = n0 * 32 + j * 8 + 2 * (slot_lane & 3);
-    if (row < p.M) store_pair(p, row, col, sum0, sum1);
+    if (row < p.M) {
+      const int offset = gemv_offset<GROUP>(p, row);
+      store_pair(p, row, col, sum0 - offset, sum1 - offset);
+    }
   }
 }
 

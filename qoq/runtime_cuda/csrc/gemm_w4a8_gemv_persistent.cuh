@@ -11,6 +11,7 @@
 namespace qoq_gemm {
 
 constexpr int GEMVP_WARPS = 16;
+constexpr int GEMVP_RUN = 8;  // k-tiles a warp run (4 before: 0.91-0.99x the time, ab_h200/ab_gemv16p_run8.json)
 constexpr int GEMVP_SUMS = 2 * 16 * 32 * 4;  // two [16 accumulator slots][32 lanes] int32 buffers
 
 // Shared memory: the header, the [M][K + 16] activation rows, then the column sums' two buffers.
@@ -20,19 +21,17 @@ __host__ __device__ constexpr int gemvp_smem_bytes(int m, int k) { return GEMV_H
 // exact in any order), then 256 threads store the 32 columns x M rows and zero the buffer again. The
 // caller alternates two buffers, so the next column block's adds never meet this one's reads: they
 // come after the next barrier, which every thread reaches only after its reads here.
-__device__ __forceinline__ void gemvp_store_columns(const GemmParams& p, int n0, int* sums, int (&acc)[1][4][4],
-                                                    int (&offset)[1][4]) {
+template <int GROUP>
+__device__ __forceinline__ void gemvp_store_columns(const GemmParams& p, int n0, int* sums, int (&acc)[1][4][4]) {
   const int lane = threadIdx.x & 31;
   const int slots = p.M > 8 ? 4 : 2;  // slots 2, 3 of each column group hold rows 8..15
 #pragma unroll
   for (int j = 0; j < 4; ++j)
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
-      if (r < slots) atomicAdd(&sums[(j * 4 + r) * 32 + lane], acc[0][j][r] - offset[0][r]);
+      if (r < slots) atomicAdd(&sums[(j * 4 + r) * 32 + lane], acc[0][j][r]);
       acc[0][j][r] = 0;
     }
-#pragma unroll
-  for (int r = 0; r < 4; ++r) offset[0][r] = 0;
   __syncthreads();
   if (threadIdx.x < 256) {  // pair (r, r+1) of one lane: neighbouring columns of one row
     const int slot_lane = threadIdx.x & 31, pair = threadIdx.x >> 5;  // pair = j * 2 + h
@@ -40,7 +39,8 @@ __device__ __forceinline__ void gemvp_store_columns(const GemmParams& p, int n0,
     int* at = sums + (j * 4 + 2 * h) * 32 + slot_lane;
     const int row = (slot_lane >> 2) + 8 * h, col = n0 * 32 + j * 8 + 2 * (slot_lane & 3);
     if (row < p.M) {
-      store_pair(p, row, col, at[0], at[32]);
+      const int offset = gemv_offset<GROUP>(p, row);
+      store_pair(p, row, col, at[0] - offset, at[32] - offset);
       at[0] = 0, at[32] = 0;
     }
   }
@@ -49,7 +49,7 @@ __device__ __forceinline__ void gemvp_store_columns(const GemmParams& p, int n0,
 template <int GROUP>
 __global__ void __launch_bounds__(GEMVP_WARPS * 32, 1) gemm_gemv_persistent_kernel(const GemmParams p) {
   extern __shared__ __align__(16) uint8_t smem[];
-  constexpr int RUN = gemv_run(GEMVP_WARPS), STRIDE = GEMVP_WARPS * RUN;
+  constexpr int RUN = GEMVP_RUN, STRIDE = GEMVP_WARPS * RUN;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int k_tiles = p.K / 32, col_blocks = p.N / 32;
   int* sums = reinterpret_cast<int*>(smem + GEMV_HEADER + p.M * (p.K + 16));  // [2][16][32]
@@ -77,19 +77,25 @@ __global__ void __launch_bounds__(GEMVP_WARPS * 32, 1) gemm_gemv_persistent_kern
   if (!p.dependent) load(ping, n0, first);
   gemv_wait_rows(smem);
 
-  int acc[1][4][4] = {}, offset[1][4] = {};
-  // One run: the next one's loads go out into `after` while `run` computes; false after the last.
-  const auto step = [&](const GemvRun<GROUP, RUN>& run, GemvRun<GROUP, RUN>& after) {
+  int acc[1][4][4] = {};
+  int n_second = n0, first_second = first;  // the second run, into the other buffer
+  next(n_second, first_second);
+  if (n_second < col_blocks) load(pong, n_second, first_second);
+  // One run: computed while the run two ahead is loaded into its registers (GemvRefill); false after the last.
+  const auto step = [&](GemvRun<GROUP, RUN>& run) {
     int n1 = n0, first1 = first;
     next(n1, first1);
-    if (n1 < col_blocks) load(after, n1, first1);
-    else allow_dependent_grids();  // this warp's weight loads are done: the next kernel's may go out
-    gemv_compute_run<1, GROUP, RUN>(p, run, first, k_tiles, a_base, a_step, acc, offset);
-    if (n1 != n0) gemvp_store_columns(p, n0, sums + buffer * 512, acc, offset), buffer ^= 1;
+    int n2 = n1, first2 = first1;
+    next(n2, first2);
+    GemvRefill refill{nullptr, static_cast<size_t>(n2) * 32 + 4 * (lane >> 2), first2};
+    if (n2 < col_blocks) refill.tiles = p.qweight + static_cast<size_t>(n2) * k_tiles * 512 + lane * 16;
+    gemv_compute_run<1, GROUP, RUN, true>(p, run, first, k_tiles, a_base, a_step, acc, refill);
+    if (refill.tiles == nullptr) allow_dependent_grids();  // this warp's weight loads are done
+    if (n1 != n0) gemvp_store_columns<GROUP>(p, n0, sums + buffer * 512, acc), buffer ^= 1;
     n0 = n1, first = first1;
     return n0 < col_blocks;
   };
-  while (step(ping, pong) && step(pong, ping)) {
+  while (step(ping) && step(pong)) {
   }
 }
 
