@@ -141,7 +141,7 @@ struct GemvRefill {
 // run's tile as soon as it is dequantized (volatile loads: they stay there), so a warp keeps 2 RUN - 1
 // tiles in flight through its math instead of RUN: same-call A/B, persistent GEMV, gate_up_proj M=16
 // 20.7 -> 19.0 us per group (bench/results/ab_h200/ab_gemv_refill.json). The 8- and 16-warp GEMVs
-// measured 4-20% slower so (the same A/B) and issue the next run's loads whole, between runs.
+// measured 3-22% slower so (the same A/B) and issue the next run's loads whole, between runs.
 template <int MT, int GROUP, int RUN, bool REFILL = false>
 __device__ __forceinline__ void gemv_compute_run(const GemmParams& p, GemvRun<GROUP, RUN>& run, int first,
                                                  int k_tiles, uint32_t a_base, uint32_t a_step,
