@@ -70,11 +70,11 @@ def auto_variant(m: int, n: int, k: int, group: int, multiprocessors: int, hoppe
     # Several 32-column blocks per SM, spread evenly (>= 95% of the SMs busy in the last round; qkv_proj:
     # 384 over 132 SMs): the persistent GEMV stages the rows once per SM (qkv g128 M=16 12.2 vs 12.7 us;
     # at M=1 the 8-warp GEMV, 11.4 vs 11.3). Where the last round is partly filled (gate_up_proj's 688
-    # leave the sixth 21% full) it still wins per channel from M = 16 (17.0 vs 18.3), not per group
-    # (M=4 18.3 vs 17.4, M=16 19.2 vs 19.1) nor at M = 4, 8 (bench/results/ab_h200/ab_gemv_gate_up.json).
+    # leave the sixth 21% full) it still wins from M = 16 (per channel 17.0 vs 18.3 us; g128 19.0 vs 19.4,
+    # 17.7 with its unchecked runs), not at M = 4, 8 (bench/results/ab_h200/ab_gemv_gate_up.json).
     per_sm = -(-(n // 32) // multiprocessors)
     even = n // 32 >= 0.95 * per_sm * multiprocessors
-    if gemv_ok and 4 <= m <= GEMVP_MAX_M and per_sm > 1 and (even or (group == -1 and m > 8)):
+    if gemv_ok and 4 <= m <= GEMVP_MAX_M and per_sm > 1 and (even or m > 8):
         return "gemv16p"
     if gemv_ok and m <= 16:
         return "gemv"

@@ -105,14 +105,14 @@ struct GemvRun {
   uint32_t s2[GROUPS], zero[GROUPS];
 };
 
-// The scale words of group gi of the run that starts at k-tile `first`.
-template <int GROUP, int RUN>
+// The scale words of group gi of the run that starts at k-tile `first` (WHOLE: the run lies below K).
+template <int GROUP, int RUN, bool WHOLE = false>
 __device__ __forceinline__ void gemv_load_scales(const GemmParams& p, GemvRun<GROUP, RUN>& run, size_t scale_col,
                                                  int first, int gi) {
   const int k = (first + gi * GROUP / 32) * 32;
   const size_t at = static_cast<size_t>(k / GROUP) * p.N + scale_col;
-  run.s2[gi] = k < p.K ? __ldg(reinterpret_cast<const uint32_t*>(p.s2 + at)) : 0u;
-  run.zero[gi] = k < p.K ? __ldg(reinterpret_cast<const uint32_t*>(p.s2_zeros + at)) : 0u;
+  run.s2[gi] = WHOLE || k < p.K ? __ldg(reinterpret_cast<const uint32_t*>(p.s2 + at)) : 0u;
+  run.zero[gi] = WHOLE || k < p.K ? __ldg(reinterpret_cast<const uint32_t*>(p.s2_zeros + at)) : 0u;
 }
 
 template <int GROUP, int RUN>
@@ -129,45 +129,50 @@ __device__ __forceinline__ void gemv_load_run(const GemmParams& p, GemvRun<GROUP
   }
 }
 
-// Where a computed run's registers are refilled from (GemvRefill: the persistent GEMV), tile by tile:
-// the run at k-tile `first` of the column block at `tiles` (null: nothing more to load).
+// Where a computed run's registers are refilled from (the persistent GEMV), tile by tile: the run at
+// k-tile `first` of the column block at `tiles`.
 struct GemvRefill {
   const uint8_t* tiles;
   size_t scale_col;
   int first;
 };
 
-// Computes `run` (k-tiles first ..). With a GemvRefill, each tile's registers are loaded with the next
-// run's tile as soon as it is dequantized (volatile loads: they stay there), so a warp keeps 2 RUN - 1
-// tiles in flight through its math instead of RUN: same-call A/B, persistent GEMV, gate_up_proj M=16
-// 20.7 -> 19.0 us per group (bench/results/ab_h200/ab_gemv_refill.json). The 8- and 16-warp GEMVs
+// Computes `run` (k-tiles first ..). REFILL: each tile's registers are loaded from `refill` (the run
+// two ahead) as soon as the tile is dequantized (volatile loads: they stay there), so a warp keeps
+// 2 RUN - 1 tiles in flight through its math instead of RUN: same-call A/B, persistent GEMV, gate_up_proj
+// M=16 20.7 -> 19.0 us per group (bench/results/ab_h200/ab_gemv_refill.json). The 8- and 16-warp GEMVs
 // measured 3-22% slower so (the same A/B) and issue the next run's loads whole, between runs.
-template <int MT, int GROUP, int RUN, bool REFILL = false>
+// WHOLE: this run and the refill (whose tiles are then never null) lie below k_tiles, so no tile needs a
+// bounds check; the per-tile checks, the branches and the register moves around them took a third of the
+// persistent GEMV's instructions (ncu: bench/results/probes_h200/ncu_gemv16p_h200.json).
+// NULLABLE: the refill's tiles may be null (nothing more to load), checked at run time; the per-channel
+// and g64 persistent GEMVs take that one copy for all their runs (see gemm_w4a8_gemv_persistent.cuh).
+template <int MT, int GROUP, int RUN, bool REFILL = false, bool WHOLE = false, bool NULLABLE = false>
 __device__ __forceinline__ void gemv_compute_run(const GemmParams& p, GemvRun<GROUP, RUN>& run, int first,
                                                  int k_tiles, uint32_t a_base, uint32_t a_step,
                                                  int (&acc)[MT][4][4], const GemvRefill& refill = {}) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   BiasedScales<4> bs{};
-  const bool refilling = REFILL && refill.tiles != nullptr;
+  const bool refilling = REFILL && (!NULLABLE || refill.tiles != nullptr);
 #pragma unroll
   for (int i = 0; i < RUN; ++i) {
     const int k0 = first + i;
-    if (!REFILL && k0 >= k_tiles) break;
+    if (!WHOLE && !REFILL && k0 >= k_tiles) break;
     if constexpr (GROUP > 0) {  // unpack each group's scales once, when its first tile comes
       if (i % (GROUP / 32) == 0) {
         constexpr int TILES = GROUP / 32;
         bs = unpack_biased_scales<4>(run.s2[i / TILES], run.zero[i / TILES], 0);
-        if (refilling) gemv_load_scales<GROUP, RUN>(p, run, refill.scale_col, refill.first, i / TILES);
+        if (refilling) gemv_load_scales<GROUP, RUN, WHOLE>(p, run, refill.scale_col, refill.first, i / TILES);
       }
     }
     uint32_t b[4][2];
     dequant_tile<(GROUP > 0)>(run.packed[i], bs, b);
     if (refilling) {
       const int r0 = refill.first + i;
-      run.packed[i] = r0 < k_tiles ? load_stream16_ordered(refill.tiles + static_cast<size_t>(r0) * 512)
-                                   : make_uint4(0, 0, 0, 0);
+      run.packed[i] = WHOLE || r0 < k_tiles ? load_stream16_ordered(refill.tiles + static_cast<size_t>(r0) * 512)
+                                            : make_uint4(0, 0, 0, 0);
     }
-    if (REFILL && k0 >= k_tiles) continue;
+    if (!WHOLE && REFILL && k0 >= k_tiles) continue;
     const int k = k0 * 32 + 4 * t;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
