@@ -129,8 +129,8 @@ __device__ __forceinline__ void gemv_load_run(const GemmParams& p, GemvRun<GROUP
   }
 }
 
-// Where a computed run's registers are refilled from (the persistent GEMV), tile by tile: the run at
-// k-tile `first` of the column block at `tiles`.
+// Where a run lies (the persistent GEMV's loads and tile-by-tile refills): k-tile `first` of the column
+// block whose tiles (this lane's 16 bytes of them) start at `tiles`, its scale words at `scale_col`.
 struct GemvRefill {
   const uint8_t* tiles;
   size_t scale_col;

@@ -57,9 +57,14 @@ __global__ void __launch_bounds__(GEMVP_WARPS * 32, 1) gemm_gemv_persistent_kern
 
   // A run: column block n0, k-tiles first .. first + RUN - 1. Each warp has >= 1 run per column block
   // (an empty one where warp * RUN >= k_tiles), so every warp reaches every column block's barrier.
+  // run_at: where this lane reads it (the block's tiles and scale column).
+  const auto run_at = [&](int n0, int first) {
+    return GemvRefill{p.qweight + static_cast<size_t>(n0) * k_tiles * 512 + lane * 16,
+                      static_cast<size_t>(n0) * 32 + 4 * (lane >> 2), first};
+  };
   const auto load = [&](GemvRun<GROUP, RUN>& run, int n0, int first) {
-    const uint8_t* tiles = p.qweight + static_cast<size_t>(n0) * k_tiles * 512 + lane * 16;
-    gemv_load_run<GROUP, RUN>(p, run, tiles, static_cast<size_t>(n0) * 32 + 4 * (lane >> 2), first, k_tiles);
+    const GemvRefill at = run_at(n0, first);
+    gemv_load_run<GROUP, RUN>(p, run, at.tiles, at.scale_col, first, k_tiles);
   };
   const auto next = [&](int& n0, int& first) {
     first += STRIDE;
@@ -91,8 +96,7 @@ __global__ void __launch_bounds__(GEMVP_WARPS * 32, 1) gemm_gemv_persistent_kern
       // 0.89-0.96x the time (bench/results/ab_h200/ab_gemv16p_whole.json)
       const bool whole = first + RUN <= k_tiles;
       if (n2 < col_blocks) {
-        const GemvRefill refill{p.qweight + static_cast<size_t>(n2) * k_tiles * 512 + lane * 16,
-                                static_cast<size_t>(n2) * 32 + 4 * (lane >> 2), first2};
+        const GemvRefill refill = run_at(n2, first2);
         if (whole && first2 + RUN <= k_tiles)
           gemv_compute_run<1, GROUP, RUN, true, true>(p, run, first, k_tiles, a_base, a_step, acc, refill);
         else
@@ -103,7 +107,8 @@ __global__ void __launch_bounds__(GEMVP_WARPS * 32, 1) gemm_gemv_persistent_kern
         else gemv_compute_run<1, GROUP, RUN>(p, run, first, k_tiles, a_base, a_step, acc);
       }
     } else {  // per channel and g64 the unchecked copies spill: per channel 1.08-1.13x the time
-      // (bench/results/ab_h200/ab_gemv16p_whole.json)
+      // (bench/results/ab_h200/ab_gemv16p_whole.json). The refill is spelled out as in the timed build:
+      // through run_at these kernels compile to other register allocations, and they spill readily.
       GemvRefill refill{nullptr, static_cast<size_t>(n2) * 32 + 4 * (lane >> 2), first2};
       if (n2 < col_blocks) refill.tiles = p.qweight + static_cast<size_t>(n2) * k_tiles * 512 + lane * 16;
       gemv_compute_run<1, GROUP, RUN, true, false, true>(p, run, first, k_tiles, a_base, a_step, acc, refill);

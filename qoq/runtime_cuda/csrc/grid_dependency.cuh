@@ -6,14 +6,6 @@
 
 #include <cuda_runtime.h>
 
-// The launch attribute (cudaLaunchKernelEx) that makes a kernel a programmatic dependent.
-inline cudaLaunchAttribute programmatic_dependent_launch() {
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  return attr;
-}
-
 // Launch `kernel` on `grid` blocks of `threads` with `smem` bytes of dynamic shared memory, in clusters
 // of `cluster` blocks (1 x 1 x 1: none) and, with `dependent`, as a programmatic dependent. The one
 // launch path of the GEMM and attention kernels that take either attribute.
@@ -26,7 +18,10 @@ cudaError_t launch_with_attributes(void (*kernel)(Params...), dim3 grid, int thr
     attrs[n].id = cudaLaunchAttributeClusterDimension;
     attrs[n++].val.clusterDim = {cluster.x, cluster.y, cluster.z};
   }
-  if (dependent) attrs[n++] = programmatic_dependent_launch();
+  if (dependent) {
+    attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = dim3(threads);
