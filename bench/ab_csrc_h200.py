@@ -2,7 +2,8 @@
 
 Each tree is built as its own extension; every case is then timed with bench/timing.py's CUDA-graph
 timing for both trees, four replays interleaved (order flipped every other replay), so that machine
-drift falls on both sides. The committed outputs of this session's runs are in bench/results/ab_h200/.
+drift falls on both sides; each row's max_rel_diff compares the two trees' outputs on one input set.
+The committed outputs are in bench/results/ab_h200/.
 
     git archive HEAD qoq/runtime_cuda/csrc | tar -x -C old_csrc --strip-components=3
     python bench/ab_csrc_h200.py --old old_csrc --new qoq/runtime_cuda/csrc --cases gemv --out $OUT
@@ -16,7 +17,9 @@ dependents (as CudaW4A8Linear and the decode loop launch them).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -65,10 +68,19 @@ CASES = {  # (N, K, M, group, variant)
 }
 
 
-def build(name: str, csrc: Path, build_root: Path, family):
-    """The extension of `family` (the gemm or attention module) built from the tree `csrc`."""
-    ext = f"ab_{family.__name__.rsplit('.', 1)[-1]}_{name}"
+def build(csrc: Path, build_root: Path, family):
+    """The extension of `family` (the gemm or attention module) built from the tree `csrc`, named after
+    the tree's path, so that later calls (another A/B in the same device call) reuse the build."""
+    slug = re.sub(r"\W+", "_", csrc.name) + "_" + hashlib.sha1(csrc.resolve().as_posix().encode()).hexdigest()[:8]
+    ext = f"ab_{family.__name__.rsplit('.', 1)[-1]}_{slug}"
     return build_tree(f"qoq_{ext}", csrc, family.SOURCES, build_root / ext)
+
+
+def use(family, mod) -> None:
+    """Route the wrappers of `family` (which call <family>.extension()) to the built module `mod`."""
+    family.extension = lambda: mod
+    if family is gemm:
+        quant_kernels.extension = family.extension
 
 
 def decode_calls(model: str, batch: int, length: int, splits: int, stages: int):
@@ -95,10 +107,10 @@ def main() -> None:
         ap.error("--old is required (or --pdl, which times --new alone)")
     family = attention if args.cases == "decode" else gemm
     if args.pdl:  # side -> (module, enable_pdl)
-        new = build("new", args.new, args.build_root, family)
+        new = build(args.new, args.build_root, family)
         sides = {"off": (new, False), "on": (new, True)}
     else:
-        sides = {name: (build(name, tree, args.build_root, family), args.dependent)
+        sides = {name: (build(tree, args.build_root, family), args.dependent)
                  for name, tree in (("old", args.old), ("new", args.new))}
     rows = []
     for case in CASES[args.cases]:
@@ -110,12 +122,16 @@ def main() -> None:
                 m, n, k, g, v, enable_pdl=pdl, quantize=args.cases == "linear")
         times: dict[str, list[float]] = {name: [] for name in sides}
         first, second = sides
+        if not args.pdl:  # both trees on one input set (make_calls draws new inputs): they must agree
+            call, outputs = make_calls(args.dependent)[0], []
+            for name in (first, second):
+                use(family, sides[name][0])
+                outputs.append(call().float())
+            row["max_rel_diff"] = float((outputs[0] - outputs[1]).abs().max() / outputs[0].abs().max().clamp_min(1e-30))
         for rep in range(4):
             for name in (first, second) if rep % 2 == 0 else (second, first):
                 mod, pdl = sides[name]
-                family.extension = lambda mod=mod: mod  # the wrappers call <family>.extension()
-                if family is gemm:
-                    quant_kernels.extension = family.extension
+                use(family, mod)
                 times[name].append(round(time_graph(make_calls(pdl)), 2))
         rows.append(dict(row, **times))
         print(rows[-1], flush=True)
