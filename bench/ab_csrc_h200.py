@@ -46,9 +46,10 @@ CASES = {  # (N, K, M, group, variant)
     "k2": [(4096, 4096, 256, 128, "wg64x64k2"), (4096, 4096, 256, -1, "wg64x64k2"),
            (4096, 11008, 256, 128, "wg64x64k2"), (4096, 11008, 256, -1, "wg64x64k2"),
            (12288, 4096, 64, 128, "wg64x64k2"), (12288, 4096, 64, -1, "wg64x64k2")],
-    # the GEMV auto_variant picks at M <= 32 (H200: 132 SMs)
-    "gemv": [(n, k, m, g, gemm.auto_variant(m, n, k, g, 132, True))
-             for n, k in LLAMA2 for m in (1, 4, 16, 32) for g in (128, -1)],
+    # the GEMV auto_variant picks at M <= 32 (H200: 132 SMs) for the run's launches (plain, or programmatic
+    # dependents with --dependent); a function of that choice
+    "gemv": lambda pdl: [(n, k, m, g, gemm.auto_variant(m, n, k, g, 132, True, pdl))
+                         for n, k in LLAMA2 for m in (1, 4, 16, 32) for g in (128, -1)],
     # every GEMV kernel at one token and at 16
     "gemv_all": [(n, k, m, g, v) for n, k in LLAMA2 for m in (1, 16) for g in (128, -1)
                  for v in ("gemv", "gemv16", "gemv16p")],
@@ -113,7 +114,8 @@ def main() -> None:
         sides = {name: (build(tree, args.build_root, family), args.dependent)
                  for name, tree in (("old", args.old), ("new", args.new))}
     rows = []
-    for case in CASES[args.cases]:
+    cases = CASES[args.cases](args.dependent) if callable(CASES[args.cases]) else CASES[args.cases]
+    for case in cases:
         if family is attention:
             row, make_calls = dict(zip(("model", "batch", "length", "splits", "stages"), case)), decode_calls(*case)
         else:
