@@ -13,7 +13,8 @@
 // Timing: one CUDA graph of 24 launches over rotating buffers (> 256 MB in all), median of 15 replays,
 // µs per launch, as bench/timing.py. JSON lines on stdout (bench/results/gemv_stream_probe_h200.jsonl).
 //
-//   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 bench/gemv_stream_probe.cu -o /tmp/gsp && /tmp/gsp
+//   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -Iqoq/runtime_cuda/csrc bench/gemv_stream_probe.cu \
+//     -o /tmp/gsp && /tmp/gsp
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -21,16 +22,12 @@
 #include <vector>
 
 #include "cuda_check.h"
+#include "gemm_w4a8_ptx.cuh"
 
 namespace {
 
-__device__ __forceinline__ uint4 load_stream(const uint8_t* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
+// The GEMVs' volatile streaming load: every load stays where it is issued.
+using qoq_gemm::load_stream16_ordered;
 __device__ __forceinline__ unsigned fold(uint4 v) { return v.x ^ v.y ^ v.z ^ v.w; }
 __device__ __forceinline__ void sink(unsigned acc, unsigned* out) {
   if (acc == 0x9e3779b9u) out[0] = acc;  // random data almost never gives it: keeps the loads
@@ -41,21 +38,18 @@ __global__ void grid_kernel(const uint8_t* p, long long n16, unsigned* out) {
   const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
   long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
   for (; i + 3 * stride < n16; i += 4 * stride) {
-    const uint4 a = load_stream(p + 16 * i), b = load_stream(p + 16 * (i + stride)),
-                c = load_stream(p + 16 * (i + 2 * stride)), d = load_stream(p + 16 * (i + 3 * stride));
+    const uint4 a = load_stream16_ordered(p + 16 * i), b = load_stream16_ordered(p + 16 * (i + stride)),
+                c = load_stream16_ordered(p + 16 * (i + 2 * stride)),
+                d = load_stream16_ordered(p + 16 * (i + 3 * stride));
     acc ^= fold(a) ^ fold(b) ^ fold(c) ^ fold(d);
   }
-  for (; i < n16; i += stride) acc ^= fold(load_stream(p + 16 * i));
+  for (; i < n16; i += stride) acc ^= fold(load_stream16_ordered(p + 16 * i));
   sink(acc, out);
 }
 
 // The GEMV's work per tile at M = 1, per group (csrc/gemm_w4a8.cuh): the A fragment from shared memory,
 // 32 codes into the four n8 blocks' biased u8 fragments (8 LOP3 / SHF, 8 IMAD), 5 MMAs.
-__device__ __forceinline__ void mma_16832(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
+using qoq_gemm::mma_16832;  // <true>: u8 weight fragments
 
 template <bool MATH>
 struct Consume {
@@ -77,9 +71,9 @@ struct Consume {
         uint32_t b[2];
 #pragma unroll
         for (int d = 0; d < 2; ++d) b[d] = ((w[2 * d + (j & 1)] >> (4 * (j >> 1))) & 0x0f0f0f0fu) * s2 + bias;
-        mma_16832(acc[j], a, b[0], b[1]);
+        mma_16832<true>(acc[j], a, b[0], b[1]);
       }
-      mma_16832(off, a, 0x80808080u, 0x80808080u);
+      mma_16832<true>(off, a, 0x80808080u, 0x80808080u);
     }
   }
   __device__ unsigned result() const {
@@ -108,7 +102,7 @@ __device__ __forceinline__ unsigned stream_runs(const uint8_t* p, int runs, Star
       const long long t0 = q < runs ? start(q) : -1;
 #pragma unroll
       for (int i = 0; i < R; ++i)
-        b[i] = t0 >= 0 ? load_stream(p + (t0 + i) * 512 + lane * 16) : make_uint4(0, 0, 0, 0);
+        b[i] = t0 >= 0 ? load_stream16_ordered(p + (t0 + i) * 512 + lane * 16) : make_uint4(0, 0, 0, 0);
     };
 #pragma unroll
     for (int d = 0; d < D; ++d) load(buf[d], d);

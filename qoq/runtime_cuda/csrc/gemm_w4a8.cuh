@@ -10,24 +10,12 @@
 #include <cuda_fp16.h>
 
 #include "gemm_w4a8_params.h"
+#include "gemm_w4a8_ptx.cuh"
 #include "half8.cuh"
 
 namespace qoq_gemm {
 
 constexpr int SCALE_SPAN = 64;  // staged kernels keep one s2/-z row per 64 k (every group size is a multiple)
-
-// d += A (s8) x B (s8, or u8 when B_UNSIGNED: the biased per-group fragments W8 + 128, or per-channel
-// codes 0..15), s32.
-template <bool B_UNSIGNED>
-__device__ __forceinline__ void mma_16832(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-#define QOQ_MMA_16832(BTYPE)                                                                                  \
-  asm("mma.sync.aligned.m16n8k32.row.col.s32.s8." BTYPE ".s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n" \
-      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])                                                       \
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1))
-  if constexpr (B_UNSIGNED) QOQ_MMA_16832("u8");
-  else QOQ_MMA_16832("s8");
-#undef QOQ_MMA_16832
-}
 
 // Level-1 scales of the four n8 blocks this lane feeds (rows c, c+8, c+16, c+24): one 32-bit word
 // of the interleaved s2 / -z rows, byte j for block j.
@@ -176,25 +164,6 @@ __device__ __forceinline__ void ldmatrix_x4_at(uint32_t (&r)[4], uint32_t addr) 
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
   ldmatrix_x4_at(r, static_cast<uint32_t>(__cvta_generic_to_shared(smem)));
-}
-
-// Streamed once: skip L1 so the activations stay there.
-__device__ __forceinline__ uint4 load_stream16(const void* ptr) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(ptr));
-  return v;
-}
-
-// load_stream16 that the compiler keeps where it is among the other volatile asm (ldmatrix): issued
-// only once the registers it fills have been used.
-__device__ __forceinline__ uint4 load_stream16_ordered(const void* ptr) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(ptr));
-  return v;
 }
 
 }  // namespace qoq_gemm
