@@ -71,14 +71,15 @@ def auto_variant(m: int, n: int, k: int, group: int, multiprocessors: int, hoppe
     # 384 over 132 SMs): the persistent GEMV stages the rows once per SM (qkv g128 M=16 11.4 vs 12.6 us).
     # Where the last round is partly filled (gate_up_proj's 688 leave the sixth 21% full) it still wins
     # from M = 16 (per channel 17.0 vs 18.3 us; g128 19.0 vs 19.4, 17.7 with its unchecked runs), not at
-    # M = 4, 8 (bench/results/ab_h200/ab_gemv_gate_up.json). Per group below M = 4 (no cluster pairs in
-    # the 8-warp GEMV) its unchecked runs win as programmatic dependents, both grids (qkv g128 M=1 10.5
-    # vs 11.3 us, gate_up 16.2 vs 16.6; per channel gate_up keeps the 8-warp GEMV, 14.9 vs 15.9).
+    # M = 4, 8 (bench/results/ab_h200/ab_gemv_gate_up.json). Per group below M = 4 its unchecked runs win
+    # as programmatic dependents in the even grid (qkv g128 M=1 10.17 vs 10.34 us); in gate_up_proj's the
+    # 8-warp GEMV, whose grid over one wave lets the next kernel fill its last wave's gaps, wins (15.63 vs
+    # 15.97; per channel 13.95 vs 15.44).
     per_sm = -(-(n // 32) // multiprocessors)
     even = n // 32 >= 0.95 * per_sm * multiprocessors
     if gemv_ok and 4 <= m <= GEMVP_MAX_M and per_sm > 1 and (even or m > 8):
         return "gemv16p"
-    if gemv_ok and group != -1 and m < 4 and per_sm > 1 and pdl and hopper:
+    if gemv_ok and group != -1 and m < 4 and per_sm > 1 and even and pdl and hopper:
         return "gemv16p"
     if gemv_ok and m <= 16:
         return "gemv"

@@ -166,10 +166,15 @@ def test_pdl_gemm_reads_the_activations_of_the_quantization_just_ahead(group_siz
     """enable_pdl: each GEMM starts while the quantization kernel ahead of it runs (that kernel lets its
     dependents launch at once) and loads weights early; the fresh codes only after the wait. Six
     quantize -> GEMM pairs queued with no sync between give what the plain launches give."""
-    n, k = 8448, 1024  # 264 column blocks: gemv16p's blocks take two each
-    t = _artifact(n, k, group_size, seed=11)
     sums = "inputs" if group_size == -1 else "codes"
-    for variant, m in [(v, m) for v in GEMV + ["gemv16p"] for m in (1, 4, 16)] + [(v, m) for v in WGMMA for m in (64, 256)]:
+    # 264 column blocks: gemv16p's blocks take two each, one wave of the 8-warp GEMV; 384: the staged
+    # GEMVs' grids over one wave, which let the next kernel launch before their own wait
+    cases = [(8448, v, m) for v in GEMV + ["gemv16p"] for m in (1, 4, 16)] + [(8448, v, m) for v in WGMMA for m in (64, 256)]
+    cases += [(12288, v, m) for v in GEMV for m in (1, 4, 16)]
+    k = 1024
+    artifacts = {n: _artifact(n, k, group_size, seed=11) for n in (8448, 12288)}
+    for n, variant, m in cases:
+        t = artifacts[n]
         xs = [torch.randn(m, k, device=DEV).half() for _ in range(6)]
 
         def pairs(pdl: bool) -> list[torch.Tensor]:
@@ -184,7 +189,7 @@ def test_pdl_gemm_reads_the_activations_of_the_quantization_just_ahead(group_siz
         with_pdl = pairs(True)
         torch.cuda.synchronize()
         for y, y_plain in zip(with_pdl, pairs(False)):
-            assert torch.equal(y, y_plain), (variant, m)
+            assert torch.equal(y, y_plain), (n, variant, m)
 
 
 def test_gemm_rejects_bad_shapes():

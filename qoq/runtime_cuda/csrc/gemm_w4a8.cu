@@ -185,11 +185,17 @@ static int gemv_cluster(const GemmParams& p, int mt) {
 }
 
 template <int MT, int GROUP, int WARPS, bool ACT_FIRST = false>
-static void launch_gemv(const GemmParams& p, int smem_limit, cudaStream_t stream) {
+static void launch_gemv(GemmParams p, int smem_limit, cudaStream_t stream) {
   static bool configured = false;
-  allow_smem(gemm_gemv_kernel<MT, GROUP, WARPS, ACT_FIRST>, smem_limit, configured);
-  launch_clustered(gemm_gemv_kernel<MT, GROUP, WARPS, ACT_FIRST>, dim3(p.N / 32), WARPS * 32,
-                   gemv_smem_bytes(MT, WARPS, p.M, p.K), dim3(gemv_cluster(p, MT)), p.dependent, stream, p);
+  const auto kernel = gemm_gemv_kernel<MT, GROUP, WARPS, ACT_FIRST>;
+  allow_smem(kernel, smem_limit, configured);
+  const int smem = gemv_smem_bytes(MT, WARPS, p.M, p.K), cluster = gemv_cluster(p, MT);
+  if (p.dependent) {  // over one wave (grid_dependency.cuh: the next kernel may fill the last wave's gaps)
+    int per_sm = 0;
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, WARPS * 32, smem));
+    p.early_trigger = p.N / 32 > per_sm * multiprocessors();
+  }
+  launch_clustered(kernel, dim3(p.N / 32), WARPS * 32, smem, dim3(cluster), p.dependent, stream, p);
 }
 
 // Whether a staged GEMV (M <= 16) copies its activation rows before its first weight loads. Same-call

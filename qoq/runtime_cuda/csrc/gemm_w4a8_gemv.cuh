@@ -44,13 +44,25 @@ __device__ __forceinline__ uint32_t load_act_word(const GemmParams& p, int row, 
   return row < p.M ? __ldg(reinterpret_cast<const uint32_t*>(p.qx + static_cast<size_t>(row) * p.K + k)) : 0u;
 }
 
+// Each lane's ldmatrix address for k-tile 0 of the rows staged at [M][K + 16] after the header, and its
+// step per k-tile; rows >= M read the header's 16 zero bytes.
+__device__ __forceinline__ void gemv_row_addresses(const GemmParams& p, uint8_t* smem, uint32_t& a_base,
+                                                   uint32_t& a_step) {
+  const int lane = threadIdx.x & 31;
+  // ldmatrix rows: lane l gives row (l % 8) + 8 ((l / 8) % 2), bytes 16 (l / 16) of a k-tile
+  const int row = (lane & 7) + 8 * ((lane >> 3) & 1);
+  const bool real = row < p.M;
+  a_base = static_cast<uint32_t>(
+      __cvta_generic_to_shared(real ? smem + GEMV_HEADER + row * (p.K + 16) + 16 * (lane >> 4) : smem));
+  a_step = real ? 32 : 0;
+}
+
 // MT = 1: start copying the M activation rows into shared memory ([M][K + 16] after the header; on
 // Hopper by bulk copies, multicast to both blocks of a cluster) and zero the header's first 16 bytes.
 // Gives each lane's ldmatrix address for k-tile 0 and its step per k-tile; gemv_wait_rows waits.
 template <int WARPS>
 __device__ __forceinline__ void gemv_copy_rows(const GemmParams& p, uint8_t* smem, uint32_t& a_base,
                                                uint32_t& a_step) {
-  const int lane = threadIdx.x & 31;
   uint8_t* act = smem + GEMV_HEADER;
   const int row_bytes = p.K + 16;  // +16: ldmatrix's 8 row addresses fall in distinct banks
 #if __CUDA_ARCH__ >= 900
@@ -73,11 +85,7 @@ __device__ __forceinline__ void gemv_copy_rows(const GemmParams& p, uint8_t* sme
   cp_async_commit();
 #endif
   if (threadIdx.x < 4) reinterpret_cast<uint32_t*>(smem)[threadIdx.x] = 0u;
-  // ldmatrix rows: lane l gives row (l % 8) + 8 ((l / 8) % 2), bytes 16 (l / 16) of a k-tile
-  const int row = (lane & 7) + 8 * ((lane >> 3) & 1);
-  const bool real = row < p.M;
-  a_base = static_cast<uint32_t>(__cvta_generic_to_shared(real ? act + row * row_bytes + 16 * (lane >> 4) : smem));
-  a_step = real ? 32 : 0;
+  gemv_row_addresses(p, smem, a_base, a_step);
 }
 
 // The rows (and, before Hopper, every thread's pieces of them) and the header's zeros are in.
@@ -88,6 +96,36 @@ __device__ __forceinline__ void gemv_wait_rows(uint8_t* smem) {
   cp_async_wait<0>();
 #endif
   __syncthreads();
+}
+
+// The persistent GEMV below GEMV_CLUSTER_MIN_M rows: a warp reads only the k-tiles of its own runs
+// (first, first + STRIDE, ...; the same in every column block), so it copies just those bytes of the
+// rows (per-lane 16-byte cp.async) to their place and waits for nothing else, where gemv_copy_rows makes
+// the whole block wait for every row. (At M = 16, without the pairs' multicast, this was 1.04-1.17x
+// the time: bench/results/ab_h200/ab_gemv_warp_slices.json.) Returns the lane's ldmatrix addressing
+// as gemv_copy_rows does; gemv_wait_slices waits.
+template <int RUN, int STRIDE>
+__device__ __forceinline__ void gemv_copy_slices(const GemmParams& p, uint8_t* smem, int first, int k_tiles,
+                                                 uint32_t& a_base, uint32_t& a_step) {
+  const int lane = threadIdx.x & 31;
+  uint8_t* act = smem + GEMV_HEADER;
+  constexpr int PIECES = 2 * RUN;  // 16-byte pieces of one row in a run
+  for (int f = first; f < k_tiles; f += STRIDE) {
+    const int pieces = min(PIECES, 2 * (k_tiles - f));
+    for (int i = lane; i < p.M * PIECES; i += 32) {
+      const int row = i / PIECES, piece = i % PIECES, off = f * 32 + piece * 16;
+      if (piece < pieces) cp_async16(act + row * (p.K + 16) + off, p.qx + static_cast<size_t>(row) * p.K + off, true);
+    }
+  }
+  cp_async_commit();
+  if (lane < 4) reinterpret_cast<uint32_t*>(smem)[lane] = 0u;  // every warp writes the zeros it reads
+  gemv_row_addresses(p, smem, a_base, a_step);
+}
+
+// This warp's row slices have landed, for every lane.
+__device__ __forceinline__ void gemv_wait_slices() {
+  cp_async_wait<0>();
+  __syncwarp();
 }
 
 // What the biased per-group fragments added to each output of `row`: 128 * its code sum.
@@ -209,6 +247,10 @@ __global__ void __launch_bounds__(WARPS * 32, MT == 1 ? 16 / WARPS : 1) gemm_gem
   int first = warp * RUN;
   constexpr bool ACT_COPY_FIRST = MT == 1 && ACT_FIRST;
   if constexpr (!ACT_COPY_FIRST) gemv_load_run<GROUP, RUN>(p, ping, tiles, scale_col, first, k_tiles);
+  // Over one wave, the next kernel's blocks may take the slots the last wave leaves free, and wait there
+  // (0.90-0.95x the time for the 8-warp GEMV at qkv_proj / gate_up_proj M = 1; in one-wave grids up to
+  // 1.05x: bench/results/ab_h200/ab_gemv_early_trigger.json).
+  if (p.early_trigger) allow_dependent_grids();
   wait_prior_grids();  // the activations (and the epilogue's terms) come from the kernel ahead
   uint32_t a_base = 0, a_step = 0;
   if constexpr (MT == 1) {
@@ -225,7 +267,7 @@ __global__ void __launch_bounds__(WARPS * 32, MT == 1 ? 16 / WARPS : 1) gemm_gem
     gemv_compute_run<MT, GROUP, RUN>(p, pong, first + STRIDE, k_tiles, a_base, a_step, acc);
   }
 
-  allow_dependent_grids();  // every weight load is done: the next kernel's may go out
+  if (!p.early_trigger) allow_dependent_grids();  // every weight load is done: the next kernel's may go out
   // Integer partial sums are exact in any order: reduce the warps' K slices through shared memory.
   if constexpr (MT == 1) __syncthreads();  // every warp is done with the activations: partials reuse them
   int* partial = reinterpret_cast<int*>(smem + GEMV_HEADER);  // [WARPS][MT*16 accumulator slots][32 lanes]

@@ -78,9 +78,16 @@ __global__ void __launch_bounds__(GEMVP_WARPS * 32, 1) gemm_gemv_persistent_kern
   int n0 = blockIdx.x, first = warp * RUN, buffer = 0;
   if (p.dependent) load(ping, n0, first);
   wait_prior_grids();
-  gemv_copy_rows<GEMVP_WARPS>(p, smem, a_base, a_step);
+  const bool slices = p.M < GEMV_CLUSTER_MIN_M;  // no pairs to share the rows: each warp copies its own
+  if (slices) gemv_copy_slices<RUN, STRIDE>(p, smem, first, k_tiles, a_base, a_step);
+  else gemv_copy_rows<GEMVP_WARPS>(p, smem, a_base, a_step);
   if (!p.dependent) load(ping, n0, first);
-  gemv_wait_rows(smem);
+  if (slices) {
+    __syncthreads();  // the zeroed sums, before any warp adds into them
+    gemv_wait_slices();
+  } else {
+    gemv_wait_rows(smem);
+  }
 
   int acc[1][4][4] = {};
   int n_second = n0, first_second = first;  // the second run, into the other buffer

@@ -39,6 +39,8 @@ struct GemmParams {
   int split_steps;           // tiled and wgmma: k-steps per K split (blockIdx.z; wgmma: a cluster's rank)
   bool dependent;            // Hopper GEMV / wgmma: launched as a programmatic dependent of the kernel
                              // ahead (grid_dependency.cuh), which must not write the weights or scales
+  bool early_trigger;        // staged GEMV launched as a dependent, its grid over one wave: it lets the
+                             // next kernel launch before its own wait (gemm_w4a8.cu launch_gemv)
 };
 
 // Launch `variant` on the current stream of `like`'s device; the arguments are already checked.
