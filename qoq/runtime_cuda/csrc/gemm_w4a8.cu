@@ -9,6 +9,7 @@
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 
 #include <algorithm>
+#include <unordered_map>
 
 #include "gemm_w4a8_gemv.cuh"
 #include "gemm_w4a8_gemv_persistent.cuh"
@@ -191,9 +192,10 @@ static void launch_gemv(GemmParams p, int smem_limit, cudaStream_t stream) {
   allow_smem(kernel, smem_limit, configured);
   const int smem = gemv_smem_bytes(MT, WARPS, p.M, p.K), cluster = gemv_cluster(p, MT);
   if (p.dependent) {  // over one wave (grid_dependency.cuh: the next kernel may fill the last wave's gaps)
-    int per_sm = 0;
-    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, WARPS * 32, smem));
-    p.early_trigger = p.N / 32 > per_sm * multiprocessors();
+    static thread_local std::unordered_map<int, int> per_sm_by_smem;  // blocks an SM holds, by shared memory
+    const auto [it, fresh] = per_sm_by_smem.try_emplace(smem, 0);
+    if (fresh) C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&it->second, kernel, WARPS * 32, smem));
+    p.early_trigger = p.N / 32 > it->second * multiprocessors();
   }
   launch_clustered(kernel, dim3(p.N / 32), WARPS * 32, smem, dim3(cluster), p.dependent, stream, p);
 }
