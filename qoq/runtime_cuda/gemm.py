@@ -158,14 +158,17 @@ def _code_sums(qx: torch.Tensor, qsum: torch.Tensor | None, variant_id: int, gro
         return None
     if qsum is None:
         return qx.sum(dim=1, dtype=torch.int32)
-    _require(qsum, "qsum", torch.int32, (qx.shape[0],))
+    _require(qsum, "qsum", torch.int32, (qx.shape[0],), qx.device)
     return qsum
 
 
-def _require(t: torch.Tensor, name: str, dtype: torch.dtype, shape: tuple) -> None:
-    """What the kernels read: a contiguous, 16-byte aligned CUDA tensor of this dtype and shape."""
+def _require(t: torch.Tensor, name: str, dtype: torch.dtype, shape: tuple, device: torch.device | None = None) -> None:
+    """What the kernels read: a contiguous, 16-byte aligned CUDA tensor of this dtype and shape (on
+    `device`, qx's GPU, where given: the kernels run there)."""
     if not t.is_cuda or t.dtype != dtype:
         raise ValueError(f"{name} must be a CUDA {dtype} tensor, got {t.dtype} on {t.device}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name} is on {t.device} but qx on {device}: every operand must be on one GPU")
     if tuple(t.shape) != tuple(shape):
         raise ValueError(f"{name} must be {list(shape)}, got {list(t.shape)}")
     if not t.is_contiguous() or t.data_ptr() % 16:
@@ -187,7 +190,7 @@ def _operands(qx: torch.Tensor, qweight: torch.Tensor, s2_scales, s2_zeros) -> t
         raise ValueError(f"N and K must be multiples of 32 (K > 0), got N={n}, K={k}")
     qweight = qweight.view(torch.int8)
     _require(qx, "qx", torch.int8, (m, k))
-    _require(qweight, "qweight", torch.int8, (n, k // 2))
+    _require(qweight, "qweight", torch.int8, (n, k // 2), qx.device)
     if (s2_scales is None) != (s2_zeros is None):
         raise ValueError("per-group weights need both s2_scales and s2_zeros")
     if s2_scales is None:
@@ -195,8 +198,8 @@ def _operands(qx: torch.Tensor, qweight: torch.Tensor, s2_scales, s2_zeros) -> t
     groups = s2_scales.shape[0] if s2_scales.dim() == 2 else 0
     if groups == 0 or k % groups or (k // groups) % 64:
         raise ValueError(f"s2_scales must be [K/g, {n}] with g a multiple of 64, got {list(s2_scales.shape)}")
-    _require(s2_scales, "s2_scales", torch.int8, (groups, n))
-    _require(s2_zeros, "s2_zeros", torch.int8, (groups, n))
+    _require(s2_scales, "s2_scales", torch.int8, (groups, n), qx.device)
+    _require(s2_zeros, "s2_zeros", torch.int8, (groups, n), qx.device)
     return qweight, k // groups
 
 
@@ -240,7 +243,7 @@ def w4a8_gemm(
                (bias, "bias", torch.float16, (n,)), (out, "out", torch.float16, (m, n))]
     for t, name, dtype, shape in vectors:
         if t is not None:
-            _require(t, name, dtype, shape)
+            _require(t, name, dtype, shape, qx.device)
     variant_id = _variant_id(variant, qx, n, group, enable_pdl)
     qsum = _code_sums(qx, qsum, variant_id, group)
     return checked(extension().gemm(qx, s_x, qweight, s1_scales, s2_scales, s2_zeros, s1_szeros, xsum, qsum, bias,
@@ -260,7 +263,7 @@ def w4a8_accumulators(
     """Debug entry: the kernel's raw int32 accumulators Σ_k qx·W8 (W8 = q per channel) [M, N]."""
     qweight, group = _operands(qx, qweight, s2_scales, s2_zeros)
     if out is not None:
-        _require(out, "out", torch.int32, (qx.shape[0], qweight.shape[0]))
+        _require(out, "out", torch.int32, (qx.shape[0], qweight.shape[0]), qx.device)
     variant_id = _variant_id(variant, qx, qweight.shape[0], group)
     qsum = _code_sums(qx, qsum, variant_id, group)
     return checked(extension().gemm_accumulators(qx, qweight, s2_scales, s2_zeros, qsum, out, variant_id))

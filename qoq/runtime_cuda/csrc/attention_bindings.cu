@@ -1,6 +1,7 @@
 // Python bindings of the KV4 attention kernels. Shapes and dtypes are checked here; the Python
 // wrappers in qoq/runtime_cuda/attention.py allocate outputs and workspaces.
 #include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/extension.h>
 
@@ -8,8 +9,10 @@
 
 namespace {
 
-void check(const torch::Tensor& t, const char* name, at::ScalarType dtype, int dim) {
+// The kernels run on `device` (q's or qkv's GPU; the callers' CUDAGuard makes it current) and read t there.
+void check(const torch::Tensor& t, const char* name, at::ScalarType dtype, int dim, const c10::Device& device) {
   TORCH_CHECK(t.is_cuda(), name, " must be a CUDA tensor");
+  TORCH_CHECK(t.device() == device, name, " is on ", t.device(), ", expected ", device);
   TORCH_CHECK(t.scalar_type() == dtype, name, " has dtype ", t.scalar_type(), ", expected ", dtype);
   TORCH_CHECK(t.dim() == dim, name, " must have ", dim, " dims, got ", t.dim());
   TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
@@ -20,15 +23,16 @@ void decode_kv4(const torch::Tensor& q, const torch::Tensor& k_pages, const torc
                 torch::Tensor& part_o, torch::Tensor& part_ml, torch::Tensor& counters,
                 int64_t num_kv_heads, int64_t num_splits, int64_t pages_per_split, int64_t num_stages,
                 double scale, bool enable_pdl) {
-  check(q, "q", at::kHalf, 3);
-  check(k_pages, "k_pages", at::kByte, 2);
-  check(v_pages, "v_pages", at::kByte, 2);
-  check(page_table, "page_table", at::kInt, 2);
-  check(seq_lens, "seq_lens", at::kInt, 1);
-  check(out, "out", at::kHalf, 3);
-  check(part_o, "part_o", at::kFloat, 1);
-  check(part_ml, "part_ml", at::kFloat, 1);
-  check(counters, "counters", at::kInt, 1);
+  const c10::Device device = q.device();
+  check(q, "q", at::kHalf, 3, device);
+  check(k_pages, "k_pages", at::kByte, 2, device);
+  check(v_pages, "v_pages", at::kByte, 2, device);
+  check(page_table, "page_table", at::kInt, 2, device);
+  check(seq_lens, "seq_lens", at::kInt, 1, device);
+  check(out, "out", at::kHalf, 3, device);
+  check(part_o, "part_o", at::kFloat, 1, device);
+  check(part_ml, "part_ml", at::kFloat, 1, device);
+  check(counters, "counters", at::kInt, 1, device);
   const int64_t B = q.size(0), Hq = q.size(1), D = q.size(2);
   TORCH_CHECK(Hq % num_kv_heads == 0, "num_q_heads ", Hq, " is not a multiple of num_kv_heads ", num_kv_heads);
   const int64_t G = Hq / num_kv_heads;
@@ -61,6 +65,7 @@ void decode_kv4(const torch::Tensor& q, const torch::Tensor& k_pages, const torc
   p.num_stages = num_stages;
   p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
   p.dependent = enable_pdl && at::cuda::getDeviceProperties(q.get_device())->major >= 9;
+  const c10::cuda::CUDAGuard guard(device);  // launch on q's GPU, in its current stream
   const cudaError_t err = qoq_attn::launch_decode_kv4(p, D, c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, "decode_kv4 launch failed (head_dim ", D, ", group ", G, ", splits ", num_splits,
               ", stages ", num_stages, "): ", cudaGetErrorString(err));
@@ -72,14 +77,15 @@ void rope_kv4_write(const torch::Tensor& qkv, const torch::Tensor& positions, co
   TORCH_CHECK(qkv.is_cuda() && qkv.scalar_type() == at::kHalf && qkv.dim() == 2 && qkv.stride(1) == 1 &&
                   qkv.stride(0) % 8 == 0,
               "qkv must be a CUDA fp16 [T, (Hq+2Hkv)*D] tensor with unit column stride and row stride % 8 == 0");
-  check(positions, "positions", at::kLong, 1);
-  check(slots, "slot_mapping", at::kLong, 1);
-  check(cos, "cos", at::kFloat, 2);
-  check(sin, "sin", at::kFloat, 2);
-  check(q_out, "q_out", at::kHalf, 3);
-  check(k_out, "k_out", at::kHalf, 3);
-  check(k_pages, "k_pages", at::kByte, 2);
-  check(v_pages, "v_pages", at::kByte, 2);
+  const c10::Device device = qkv.device();
+  check(positions, "positions", at::kLong, 1, device);
+  check(slots, "slot_mapping", at::kLong, 1, device);
+  check(cos, "cos", at::kFloat, 2, device);
+  check(sin, "sin", at::kFloat, 2, device);
+  check(q_out, "q_out", at::kHalf, 3, device);
+  check(k_out, "k_out", at::kHalf, 3, device);
+  check(k_pages, "k_pages", at::kByte, 2, device);
+  check(v_pages, "v_pages", at::kByte, 2, device);
   const int64_t T = qkv.size(0), Hq = q_out.size(1), Hkv = k_out.size(1), D = q_out.size(2);
   TORCH_CHECK(qkv.size(1) == (Hq + 2 * Hkv) * D, "qkv width ", qkv.size(1), " != (Hq + 2 Hkv) * D");
   TORCH_CHECK(positions.size(0) == T && slots.size(0) == T && q_out.size(0) == T && k_out.size(0) == T,
@@ -101,6 +107,7 @@ void rope_kv4_write(const torch::Tensor& qkv, const torch::Tensor& positions, co
   p.tokens = T;
   p.num_q_heads = Hq;
   p.num_kv_heads = Hkv;
+  const c10::cuda::CUDAGuard guard(device);  // launch on qkv's GPU, in its current stream
   const cudaError_t err = qoq_attn::launch_rope_kv4_write(p, D, c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, "rope_kv4_write launch failed (head_dim ", D, "): ", cudaGetErrorString(err));
 }

@@ -18,6 +18,7 @@
 #include "attention_decode_combine.cuh"
 #include "attention_kv4.cuh"
 #include "grid_dependency.cuh"
+#include "per_device.h"
 
 namespace qoq_attn {
 namespace {
@@ -419,8 +420,11 @@ __global__ void __launch_bounds__(kThreads, 4) decode_kv4_kernel(const DecodePar
 template <int D, int kStages, bool kSplit>
 cudaError_t launch(const DecodeParams& p, cudaStream_t stream) {
   constexpr int kRingBytes = kStages * kWarps * Chunk<D>::kSlotBytes;
-  static const cudaError_t attr = cudaFuncSetAttribute(decode_kv4_kernel<D, kStages, kSplit>,
-                                                       cudaFuncAttributeMaxDynamicSharedMemorySize, kRingBytes);
+  static qoq_cuda::PerDevice<cudaError_t> opt_in;  // the shared memory opt-in, once per GPU
+  const cudaError_t attr = opt_in.get([] {
+    return cudaFuncSetAttribute(decode_kv4_kernel<D, kStages, kSplit>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                kRingBytes);
+  });
   if (attr != cudaSuccess) return attr;
   return launch_with_attributes(decode_kv4_kernel<D, kStages, kSplit>, dim3(p.num_splits, p.num_kv_heads, p.batch),
                                 kThreads, kRingBytes, dim3(1, 1, 1), p.dependent, stream, p);

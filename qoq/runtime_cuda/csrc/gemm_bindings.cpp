@@ -17,6 +17,7 @@ using Problem = std::string;  // empty: none
 using Opt = c10::optional<at::Tensor>;
 
 std::string piece(const char* s) { return s; }
+std::string piece(const c10::Device& d) { return d.str(); }
 std::string piece(int64_t v) { return std::to_string(v); }
 std::string piece(at::ScalarType t) { return c10::toString(t); }
 
@@ -38,6 +39,16 @@ Problem check_vector(const Opt& t, const char* name, at::ScalarType dtype, int64
   Problem problem = check_tensor(*t, name, dtype);
   if (problem.empty() && t->numel() != n) problem = text(name, " must have ", n, " elements, got ", t->numel());
   return problem;
+}
+
+// Every operand on qx's GPU, where launch_gemm runs the kernel.
+Problem check_devices(const at::Tensor& qx, const at::Tensor& qweight,
+                      std::initializer_list<std::pair<const Opt*, const char*>> optional) {
+  if (qweight.device() != qx.device()) return text("qweight is on ", qweight.device(), ", qx on ", qx.device());
+  for (const auto& [t, name] : optional)
+    if (t->has_value() && (*t)->device() != qx.device())
+      return text(name, " is on ", (*t)->device(), ", qx on ", qx.device());
+  return {};
 }
 
 const __half* half_ptr(const at::Tensor& t) { return reinterpret_cast<const __half*>(t.data_ptr<at::Half>()); }
@@ -115,6 +126,10 @@ py::object run_gemm(const at::Tensor& qx, const Opt& s_x, const at::Tensor& qwei
   qoq_gemm::GemmParams p{};
   p.dependent = dependent;
   Problem problem = check_gemm(p, qx, s_x, qweight, s1, s2, s2_zeros, szero, xsum, qsum, bias, variant, want_acc);
+  if (problem.empty())
+    problem = check_devices(qx, qweight, {{&s_x, "s_x"}, {&s1, "s1_scales"}, {&s2, "s2_scales"}, {&s2_zeros, "s2_zeros"},
+                                          {&szero, "s1_szeros"}, {&xsum, "xsum"}, {&qsum, "qsum"}, {&bias, "bias"},
+                                          {&out, "out"}});
   if (!problem.empty()) return py::str(problem);
   const auto out_dtype = want_acc ? at::kInt : at::kHalf;
   at::Tensor result = out.has_value() ? *out : at::empty({p.M, p.N}, qx.options().dtype(out_dtype));
@@ -150,6 +165,9 @@ py::object run_quant(qoq_quant::RowOp op, const at::Tensor& x, const at::Tensor&
     if (problem.empty() && other.numel() != x.size(1))
       problem = text("weight has ", other.numel(), " elements, x has K=", x.size(1));
   }
+  if (problem.empty() && op != qoq_quant::RowOp::Plain && other.device() != x.device())
+    problem = text(op == qoq_quant::RowOp::SiluMul ? "up" : "weight", " is on ", other.device(), ", the activations on ",
+                   x.device());
   if (!problem.empty()) return py::str(problem);
   return py::cast(qoq_quant::quant_rows(op, x, other, eps, static_cast<qoq_quant::RowSums>(sums)));
 }

@@ -15,6 +15,7 @@
 #include "gemm_w4a8_gemv_persistent.cuh"
 #include "gemm_w4a8_tiled.cuh"
 #include "gemm_w4a8_wgmma.cuh"
+#include "per_device.h"
 
 namespace qoq_gemm {
 
@@ -63,12 +64,10 @@ static void launch_split(Kernel kernel, GemmParams p, dim3 tiles, int threads, i
   }
 }
 
-// The >48 KB dynamic shared-memory opt-in, once per kernel.
+// The >48 KB dynamic shared-memory opt-in, once per kernel and GPU (`opt_in`: the kernel's record).
 template <typename Kernel>
-static void allow_smem(Kernel kernel, int smem, bool& configured) {
-  if (configured) return;
-  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  configured = true;
+static void allow_smem(Kernel kernel, int smem, qoq_cuda::PerDevice<cudaError_t>& opt_in) {
+  C10_CUDA_CHECK(opt_in.get([&] { return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem); }));
 }
 
 // A grid in clusters of `cluster` blocks (1 x 1 x 1: a plain launch, as before Hopper); `dependent`:
@@ -82,8 +81,8 @@ static void launch_clustered(void (*kernel)(Params...), dim3 grid, int threads, 
 template <int BM, int WARPS_M, bool GROUPED>
 static void launch_tiled(const GemmParams& p, const at::Tensor& like, cudaStream_t stream) {
   constexpr int smem = TiledSmem<BM>::TOTAL;
-  static bool configured = false;
-  allow_smem(gemm_tiled_kernel<BM, WARPS_M, GROUPED>, smem, configured);
+  static qoq_cuda::PerDevice<cudaError_t> opt_in;
+  allow_smem(gemm_tiled_kernel<BM, WARPS_M, GROUPED>, smem, opt_in);
   const dim3 tiles((p.M + BM - 1) / BM, (p.N + TILED_BN - 1) / TILED_BN);
   launch_split(gemm_tiled_kernel<BM, WARPS_M, GROUPED>, p, tiles, WARPS_M * 128, smem,
                (p.K + TILED_BK - 1) / TILED_BK, like, stream);
@@ -150,14 +149,15 @@ static int wgmma_splits(int blocks, int k_steps, int kw, int per_sm) {
 template <int ROWS, int BT, int STAGES, int SCALE_ROWS, int KW>
 static void launch_wgmma(const GemmParams& p, cudaStream_t stream) {
   constexpr int smem = WgmmaSmem<ROWS, BT, STAGES, KW>::TOTAL;
-  static bool configured = false;
-  allow_smem(gemm_wgmma_kernel<ROWS, BT, STAGES, SCALE_ROWS, KW>, smem, configured);
-  static const int per_sm = [] {  // blocks of this kernel an SM holds (its registers and shared memory)
+  static qoq_cuda::PerDevice<cudaError_t> opt_in;
+  allow_smem(gemm_wgmma_kernel<ROWS, BT, STAGES, SCALE_ROWS, KW>, smem, opt_in);
+  static qoq_cuda::PerDevice<int> blocks_per_sm;
+  const int per_sm = blocks_per_sm.get([] {  // blocks of this kernel an SM holds (its registers and shared memory)
     int blocks = 0;
     C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
         &blocks, gemm_wgmma_kernel<ROWS, BT, STAGES, SCALE_ROWS, KW>, KW * WG_THREADS, smem));
     return blocks;
-  }();
+  });
   const dim3 tiles((p.M + BT - 1) / BT, (p.N + ROWS - 1) / ROWS);
   const int k_steps = (p.K + WG_BK - 1) / WG_BK;
   GemmParams split = p;
@@ -187,13 +187,16 @@ static int gemv_cluster(const GemmParams& p, int mt) {
 
 template <int MT, int GROUP, int WARPS, bool ACT_FIRST = false>
 static void launch_gemv(GemmParams p, int smem_limit, cudaStream_t stream) {
-  static bool configured = false;
+  static qoq_cuda::PerDevice<cudaError_t> opt_in;
   const auto kernel = gemm_gemv_kernel<MT, GROUP, WARPS, ACT_FIRST>;
-  allow_smem(kernel, smem_limit, configured);
+  allow_smem(kernel, smem_limit, opt_in);
   const int smem = gemv_smem_bytes(MT, WARPS, p.M, p.K), cluster = gemv_cluster(p, MT);
   if (p.dependent) {  // over one wave (grid_dependency.cuh: the next kernel may fill the last wave's gaps)
-    static thread_local std::unordered_map<int, int> per_sm_by_smem;  // blocks an SM holds, by shared memory
-    const auto [it, fresh] = per_sm_by_smem.try_emplace(smem, 0);
+    // blocks an SM holds, by GPU and shared memory
+    static thread_local std::unordered_map<int64_t, int> per_sm_by_smem;
+    int device = 0;
+    C10_CUDA_CHECK(cudaGetDevice(&device));
+    const auto [it, fresh] = per_sm_by_smem.try_emplace((static_cast<int64_t>(device) << 32) | smem, 0);
     if (fresh) C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&it->second, kernel, WARPS * 32, smem));
     p.early_trigger = p.N / 32 > it->second * multiprocessors();
   }
@@ -238,8 +241,8 @@ static void dispatch_gemv_group(const GemmParams& p, cudaStream_t stream) {
 // blocks share one read of the activation rows, as in the staged GEMV.
 template <int GROUP>
 static void launch_gemvp(const GemmParams& p, int smem_limit, cudaStream_t stream) {
-  static bool configured = false;
-  allow_smem(gemm_gemv_persistent_kernel<GROUP>, smem_limit, configured);
+  static qoq_cuda::PerDevice<cudaError_t> opt_in;
+  allow_smem(gemm_gemv_persistent_kernel<GROUP>, smem_limit, opt_in);
   int blocks = std::min(multiprocessors(), p.N / 32);
   const bool pairs = p.M >= GEMV_CLUSTER_MIN_M && blocks >= GEMV_CLUSTER && is_hopper();
   if (pairs) blocks -= blocks % GEMV_CLUSTER;
