@@ -2,8 +2,9 @@
 pyproject.toml's package-data lists, so every file in csrc/ must match one of its patterns."""
 
 import fnmatch
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 REPO = Path(__file__).resolve().parents[2]
 
