@@ -4,8 +4,9 @@ pyproject.toml's package-data lists, so every file in csrc/ must match one of it
 import fnmatch
 from pathlib import Path
 
-import tomllib
+import pytest
 
+tomllib = pytest.importorskip("tomllib")  # Python 3.11+ (requires-python allows 3.10)
 REPO = Path(__file__).resolve().parents[2]
 
 
