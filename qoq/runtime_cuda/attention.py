@@ -14,12 +14,12 @@ import torch.nn.functional as F
 
 from qoq.runtime_cuda.attention_reference import PAGE_TOKENS
 from qoq.runtime_cuda.build import load_extension
+from qoq.runtime_cuda.split_counters import split_counters
 
 SOURCES = ("attention_decode_kv4.cu", "kv_rope_write.cu", "attention_bindings.cu")
 MAX_SPLITS = 64  # the kernel's combine step holds one weight per split in shared memory
 SHORT_PAGES = 8
 CTAS_PER_SM = 4  # the decode kernel's occupancy (its registers and shared memory)
-_counters: dict[torch.device, torch.Tensor] = {}
 
 
 def extension():
@@ -77,15 +77,6 @@ def _same_device(first: torch.Tensor, **others: torch.Tensor) -> None:
                              "on one GPU")
 
 
-def _counter_buffer(device: torch.device, n: int) -> torch.Tensor:
-    """Per-device split counters; the kernel leaves them at zero, so they are zeroed only once."""
-    buf = _counters.get(device)
-    if buf is None or buf.numel() < n:
-        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
-        _counters[device] = buf
-    return buf
-
-
 def decode_attention(
     q: torch.Tensor,
     k_pages: torch.Tensor,
@@ -123,7 +114,7 @@ def decode_attention(
     if splits > 1:
         part_o = torch.empty(b * h_kv * splits * group * d, dtype=torch.float32, device=q.device)
         part_ml = torch.empty(b * h_kv * splits * group * 2, dtype=torch.float32, device=q.device)
-        counters = _counter_buffer(q.device, b * h_kv)
+        counters = split_counters(q.device, b * h_kv)
     else:
         part_o = part_ml = torch.empty(0, dtype=torch.float32, device=q.device)
         counters = torch.empty(0, dtype=torch.int32, device=q.device)

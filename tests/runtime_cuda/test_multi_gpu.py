@@ -10,6 +10,7 @@ from qoq.quant.weights import quantize_weight
 from qoq.runtime_cuda import attention, quant_kernels
 from qoq.runtime_cuda import attention_reference as ref
 from qoq.runtime_cuda.gemm import VARIANTS, is_hopper, w4a8_accumulators, w4a8_gemm
+from tests.runtime_cuda.kv_inputs import decode_inputs
 
 TWO_GPUS = torch.cuda.is_available() and torch.cuda.device_count() >= 2
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not TWO_GPUS, reason="needs two GPUs")]
@@ -49,32 +50,13 @@ def test_gemm_runs_on_the_gpu_of_its_operands(variant, group_size):
     assert torch.equal(out0, out1)
 
 
-def _cache(lens: list[int], hkv: int, dim: int, device: str):
-    gen = torch.Generator().manual_seed(dim)
-    pages = [(n + 63) // 64 for n in lens]
-    pools = [torch.randint(0, 256, (sum(pages), ref.page_bytes(hkv, dim)), dtype=torch.uint8, generator=gen)
-             for _ in range(2)]
-    table = torch.zeros(len(lens), max(pages), dtype=torch.int32)
-    start = 0
-    for i, (n, p) in enumerate(zip(lens, pages)):
-        ids = torch.arange(start, start + p)
-        table[i, :p] = ids.int()
-        start += p
-        slots = (ids[:, None] * 64 + torch.arange(64)).flatten()[:n]
-        for pool in pools:
-            ref.write_kv4(pool, torch.randn(n, hkv, dim, generator=gen).half(), slots)
-    q = torch.randn(len(lens), 4 * hkv, dim, generator=gen).half()
-    seq_lens = torch.tensor(lens, dtype=torch.int32)
-    return [x.to(device) for x in (q, *pools, table, seq_lens)]
-
-
 @pytest.mark.parametrize("splits", [1, 4])
 def test_attention_runs_on_the_gpu_of_its_operands(splits):
     lens, hkv, dim, hq = [1, 700, 2000], 2, 128, 8
     outs = []
     with torch.cuda.device(0):
         for device in ("cuda:0", "cuda:1"):
-            q, k_pool, v_pool, table, seq_lens = _cache(lens, hkv, dim, device)
+            q, k_pool, v_pool, table, seq_lens = decode_inputs(lens, hkv, dim, hq // hkv, device)
             out = attention.decode_attention(q, k_pool, v_pool, table, seq_lens, max(lens), num_splits=splits)
             expected = ref.decode_attention(q, k_pool, v_pool, table, seq_lens)
             assert out.device == torch.device(device)
@@ -105,6 +87,6 @@ def test_operands_on_two_gpus_are_refused_by_name():
     x = torch.randn(2, 256, device="cuda:0").half()
     with pytest.raises(ValueError, match="weight is on cuda:1"):
         quant_kernels.rmsnorm_quant(x, torch.ones(256, device="cuda:1").half(), 1e-5)
-    q, k_pool, v_pool, table, seq_lens = _cache([100], 2, 128, "cuda:0")
+    q, k_pool, v_pool, table, seq_lens = decode_inputs([100], 2, 128, 4, "cuda:0")
     with pytest.raises(ValueError, match="page_table is on cuda:1"):
         attention.decode_attention(q, k_pool, v_pool, table.to("cuda:1"), seq_lens, 100)
