@@ -30,6 +30,7 @@ VARIANTS = {"gemv": 1, "gemv16": 6, "gemv16p": 11, "tiled64": 2, "tiled128": 3, 
             "wg128x64": 7, "wg128x128": 8, "wg64x64": 9, "wg64x64k2": 10}
 GEMV_MAX_M = 64
 GEMVP_MAX_M = 16  # the persistent GEMV stages at most 16 activation rows
+GEMVP_MAX_WEIGHT_BYTES = 1 << 32  # and addresses its packed weights (N * K / 2 bytes) with 32-bit offsets
 # the kernels that take the code sums per group (biased u8 weights)
 BIASED_IDS = {i for v, i in VARIANTS.items() if v.startswith(("wg", "gemv"))}
 
@@ -77,9 +78,10 @@ def auto_variant(m: int, n: int, k: int, group: int, multiprocessors: int, hoppe
     # 15.97; per channel 13.95 vs 15.44).
     per_sm = -(-(n // 32) // multiprocessors)
     even = n // 32 >= 0.95 * per_sm * multiprocessors
-    if gemv_ok and 4 <= m <= GEMVP_MAX_M and per_sm > 1 and (even or m > 8):
+    gemvp_ok = gemv_ok and n * k // 2 < GEMVP_MAX_WEIGHT_BYTES
+    if gemvp_ok and 4 <= m <= GEMVP_MAX_M and per_sm > 1 and (even or m > 8):
         return "gemv16p"
-    if gemv_ok and group != -1 and m < 4 and per_sm > 1 and even and pdl and hopper:
+    if gemvp_ok and group != -1 and m < 4 and per_sm > 1 and even and pdl and hopper:
         return "gemv16p"
     if gemv_ok and m <= 16:
         return "gemv"
@@ -145,6 +147,8 @@ def _variant_id(variant: str, qx: torch.Tensor, n: int, group: int, pdl: bool = 
                          f"got M={m}, group={group}")
     if variant == "gemv16p" and m > GEMVP_MAX_M:
         raise ValueError(f"the gemv16p variant handles M <= {GEMVP_MAX_M}, got M={m}")
+    if variant == "gemv16p" and n * k // 2 >= GEMVP_MAX_WEIGHT_BYTES:
+        raise ValueError(f"the gemv16p variant handles packed weights below 4 GiB, got N={n} x K={k} (N*K/2 bytes)")
     if variant.startswith("wg") and not is_hopper(qx.device):
         raise ValueError(f"the {variant} variant (wgmma) needs a Hopper GPU (sm_90), "
                          f"got sm_{''.join(map(str, torch.cuda.get_device_capability(qx.device)))}")

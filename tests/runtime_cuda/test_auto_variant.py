@@ -36,3 +36,11 @@ def test_auto_variant_is_within_8_percent_of_the_fastest_timed_kernel():
         if ratio > 1.08:
             slow[(group, n, k, m)] = (pick, round(ratio, 3), min(by_variant, key=by_variant.get))
     assert not slow, slow
+
+
+def test_the_persistent_gemv_is_not_picked_for_weights_of_4_gib():
+    # the persistent GEMV addresses its packed weights (N * K / 2 bytes) with 32-bit offsets
+    small, large = (12288, 4096), (262144, 32768)  # 24 MiB; exactly 4 GiB
+    for m, pdl in [(16, False), (1, True)]:
+        assert auto_variant(m, *small, 128, 132, True, pdl) == "gemv16p"
+        assert auto_variant(m, *large, 128, 132, True, pdl) != "gemv16p"

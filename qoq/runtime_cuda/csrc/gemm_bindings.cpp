@@ -77,6 +77,8 @@ Problem check_gemm(qoq_gemm::GemmParams& p, const at::Tensor& qx, const Opt& s_x
     return text("the gemv variant handles M <= ", qoq_gemm::GEMV_MAX_M, ", got M=", M);
   if (variant == qoq_gemm::GEMV16P && M > qoq_gemm::GEMVP_MAX_M)
     return text("the gemv16p variant handles M <= ", qoq_gemm::GEMVP_MAX_M, ", got M=", M);
+  if (variant == qoq_gemm::GEMV16P && N * K / 2 >= (int64_t{1} << 32))  // its 32-bit weight offsets
+    return text("the gemv16p variant handles packed weights below 4 GiB, got N=", N, " x K=", K);
 
   p.qx = qx.data_ptr<int8_t>();
   p.qweight = reinterpret_cast<const uint8_t*>(qweight.data_ptr<int8_t>());

@@ -145,17 +145,17 @@ struct GemvRun {
 
 // The scale words of group gi of the run that starts at k-tile `first` (WHOLE: the run lies below K).
 template <int GROUP, int RUN, bool WHOLE = false>
-__device__ __forceinline__ void gemv_load_scales(const GemmParams& p, GemvRun<GROUP, RUN>& run, size_t scale_col,
+__device__ __forceinline__ void gemv_load_scales(const GemmParams& p, GemvRun<GROUP, RUN>& run, uint32_t scale_col,
                                                  int first, int gi) {
   const int k = (first + gi * GROUP / 32) * 32;
-  const size_t at = static_cast<size_t>(k / GROUP) * p.N + scale_col;
+  const uint32_t at = static_cast<uint32_t>(k / GROUP) * p.N + scale_col;  // < 2^32: the tables are [K/g][N] bytes
   run.s2[gi] = WHOLE || k < p.K ? __ldg(reinterpret_cast<const uint32_t*>(p.s2 + at)) : 0u;
   run.zero[gi] = WHOLE || k < p.K ? __ldg(reinterpret_cast<const uint32_t*>(p.s2_zeros + at)) : 0u;
 }
 
 template <int GROUP, int RUN>
 __device__ __forceinline__ void gemv_load_run(const GemmParams& p, GemvRun<GROUP, RUN>& run, const uint8_t* tiles,
-                                              size_t scale_col, int first, int k_tiles) {
+                                              uint32_t scale_col, int first, int k_tiles) {
 #pragma unroll
   for (int i = 0; i < RUN; ++i) {
     const int k0 = first + i;
@@ -171,7 +171,7 @@ __device__ __forceinline__ void gemv_load_run(const GemmParams& p, GemvRun<GROUP
 // block whose tiles (this lane's 16 bytes of them) start at `tiles`, its scale words at `scale_col`.
 struct GemvRefill {
   const uint8_t* tiles;
-  size_t scale_col;
+  uint32_t scale_col;
   int first;
 };
 
@@ -237,7 +237,7 @@ __global__ void __launch_bounds__(WARPS * 32, MT == 1 ? 16 / WARPS : 1) gemm_gem
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int n0 = blockIdx.x, k_tiles = p.K / 32;
   const uint8_t* tiles = p.qweight + static_cast<size_t>(n0) * k_tiles * 512 + lane * 16;
-  const size_t scale_col = static_cast<size_t>(n0) * 32 + 4 * (lane >> 2);
+  const uint32_t scale_col = static_cast<uint32_t>(n0) * 32 + 4 * (lane >> 2);
   constexpr int RUN = gemv_run(WARPS), STRIDE = WARPS * RUN;
 
   // The first run's weight loads and the activation rows' copies go out together, in the order

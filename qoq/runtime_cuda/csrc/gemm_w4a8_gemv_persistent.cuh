@@ -57,10 +57,12 @@ __global__ void __launch_bounds__(GEMVP_WARPS * 32, 1) gemm_gemv_persistent_kern
 
   // A run: column block n0, k-tiles first .. first + RUN - 1. Each warp has >= 1 run per column block
   // (an empty one where warp * RUN >= k_tiles), so every warp reaches every column block's barrier.
-  // run_at: where this lane reads it (the block's tiles and scale column).
+  // run_at: where this lane reads it (the block's tiles and scale column). Offsets in 32 bits (the weights
+  // are < 4 GB: gemm_bindings.cpp): with 64-bit ones the per-group kernel spilled 56 bytes in its run loops
+  // (44 so), 1.02-1.05x the time (bench/results/ab_h200/ab_gemv16p_offsets32.json).
   const auto run_at = [&](int n0, int first) {
-    return GemvRefill{p.qweight + static_cast<size_t>(n0) * k_tiles * 512 + lane * 16,
-                      static_cast<size_t>(n0) * 32 + 4 * (lane >> 2), first};
+    return GemvRefill{p.qweight + (static_cast<uint32_t>(n0) * k_tiles * 512 + lane * 16),
+                      static_cast<uint32_t>(n0) * 32 + 4 * (lane >> 2), first};
   };
   const auto load = [&](GemvRun<GROUP, RUN>& run, int n0, int first) {
     const GemvRefill at = run_at(n0, first);
@@ -116,7 +118,7 @@ __global__ void __launch_bounds__(GEMVP_WARPS * 32, 1) gemm_gemv_persistent_kern
     } else {  // per channel and g64 the unchecked copies spill: per channel 1.08-1.13x the time
       // (bench/results/ab_h200/ab_gemv16p_whole.json). The refill is spelled out as in the timed build:
       // through run_at these kernels compile to other register allocations, and they spill readily.
-      GemvRefill refill{nullptr, static_cast<size_t>(n2) * 32 + 4 * (lane >> 2), first2};
+      GemvRefill refill{nullptr, static_cast<uint32_t>(n2) * 32 + 4 * (lane >> 2), first2};
       if (n2 < col_blocks) refill.tiles = p.qweight + static_cast<size_t>(n2) * k_tiles * 512 + lane * 16;
       gemv_compute_run<1, GROUP, RUN, true, false, true>(p, run, first, k_tiles, a_base, a_step, acc, refill);
       if (refill.tiles == nullptr) allow_dependent_grids();  // this warp's weight loads are done
