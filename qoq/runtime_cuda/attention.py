@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from qoq.runtime_cuda.attention_reference import PAGE_TOKENS
 from qoq.runtime_cuda.build import load_extension
+from qoq.runtime_cuda.devices import same_device
 from qoq.runtime_cuda.split_counters import split_counters
 
 SOURCES = ("attention_decode_kv4.cu", "kv_rope_write.cu", "attention_bindings.cu")
@@ -69,14 +70,6 @@ def plan_stages(batch: int, num_kv_heads: int, num_splits: int, head_dim: int, n
     return 3 if 3 in supported_stages(head_dim) and many else 2
 
 
-def _same_device(first: torch.Tensor, **others: torch.Tensor) -> None:
-    """The kernels run on `first`'s GPU and read every other operand there."""
-    for name, t in others.items():
-        if t.device != first.device:
-            raise ValueError(f"{name} is on {t.device} but the query/qkv on {first.device}: every operand must be "
-                             "on one GPU")
-
-
 def decode_attention(
     q: torch.Tensor,
     k_pages: torch.Tensor,
@@ -102,7 +95,7 @@ def decode_attention(
     h_kv = k_pages.shape[1] // (PAGE_TOKENS * (d // 2 + 4))
     if h_kv == 0 or hq % h_kv or hq // h_kv > 8:
         raise ValueError(f"{hq} query heads over {h_kv} KV heads: need a group size of 1..8")
-    _same_device(q, k_pages=k_pages, v_pages=v_pages, page_table=page_table, seq_lens=seq_lens)
+    same_device("q", q, k_pages=k_pages, v_pages=v_pages, page_table=page_table, seq_lens=seq_lens)
     num_sms = _num_sms(q.device.index if q.device.index is not None else torch.cuda.current_device())
     splits, pages_per_split = split_plan(b, h_kv, max_seq_len, num_sms, num_splits)
     if num_stages is None:
@@ -129,7 +122,7 @@ def decode_attention(
 def rope_kv4_write(qkv, positions, slots, cos, sin, k_pages, v_pages, num_q_heads: int, num_kv_heads: int):
     """qkv [T, (Hq + 2 Hkv) * D] fp16, positions/slots int64 [T], cos/sin fp32 [max_pos, D/2] ->
     (q [T, Hq, D], k [T, Hkv, D]) after RoPE; K (post-RoPE) and V go to their pages as KV4."""
-    _same_device(qkv, positions=positions, slot_mapping=slots, cos=cos, sin=sin, k_pages=k_pages, v_pages=v_pages)
+    same_device("qkv", qkv, positions=positions, slot_mapping=slots, cos=cos, sin=sin, k_pages=k_pages, v_pages=v_pages)
     t, width = qkv.shape
     d = width // (num_q_heads + 2 * num_kv_heads)
     q = torch.empty(t, num_q_heads, d, dtype=qkv.dtype, device=qkv.device)

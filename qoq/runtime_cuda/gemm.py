@@ -13,6 +13,7 @@ from functools import lru_cache
 import torch
 
 from qoq.runtime_cuda.build import load_extension
+from qoq.runtime_cuda.devices import same_device
 
 SOURCES = ("gemm_w4a8.cu", "quant_act.cu", "gemm_bindings.cpp")
 # The kernels: split-K GEMVs (M <= 64; 8 or 16 warps per 32 columns; at M <= 16 the activations are
@@ -162,17 +163,17 @@ def _code_sums(qx: torch.Tensor, qsum: torch.Tensor | None, variant_id: int, gro
         return None
     if qsum is None:
         return qx.sum(dim=1, dtype=torch.int32)
-    _require(qsum, "qsum", torch.int32, (qx.shape[0],), qx.device)
+    _require(qsum, "qsum", torch.int32, (qx.shape[0],), qx)
     return qsum
 
 
-def _require(t: torch.Tensor, name: str, dtype: torch.dtype, shape: tuple, device: torch.device | None = None) -> None:
-    """What the kernels read: a contiguous, 16-byte aligned CUDA tensor of this dtype and shape (on
-    `device`, qx's GPU, where given: the kernels run there)."""
+def _require(t: torch.Tensor, name: str, dtype: torch.dtype, shape: tuple, qx: torch.Tensor | None = None) -> None:
+    """What the kernels read: a contiguous, 16-byte aligned CUDA tensor of this dtype and shape (on qx's
+    GPU, where given: the kernels run there)."""
     if not t.is_cuda or t.dtype != dtype:
         raise ValueError(f"{name} must be a CUDA {dtype} tensor, got {t.dtype} on {t.device}")
-    if device is not None and t.device != device:
-        raise ValueError(f"{name} is on {t.device} but qx on {device}: every operand must be on one GPU")
+    if qx is not None:
+        same_device("qx", qx, **{name: t})
     if tuple(t.shape) != tuple(shape):
         raise ValueError(f"{name} must be {list(shape)}, got {list(t.shape)}")
     if not t.is_contiguous() or t.data_ptr() % 16:
@@ -194,7 +195,7 @@ def _operands(qx: torch.Tensor, qweight: torch.Tensor, s2_scales, s2_zeros) -> t
         raise ValueError(f"N and K must be multiples of 32 (K > 0), got N={n}, K={k}")
     qweight = qweight.view(torch.int8)
     _require(qx, "qx", torch.int8, (m, k))
-    _require(qweight, "qweight", torch.int8, (n, k // 2), qx.device)
+    _require(qweight, "qweight", torch.int8, (n, k // 2), qx)
     if (s2_scales is None) != (s2_zeros is None):
         raise ValueError("per-group weights need both s2_scales and s2_zeros")
     if s2_scales is None:
@@ -202,8 +203,8 @@ def _operands(qx: torch.Tensor, qweight: torch.Tensor, s2_scales, s2_zeros) -> t
     groups = s2_scales.shape[0] if s2_scales.dim() == 2 else 0
     if groups == 0 or k % groups or (k // groups) % 64:
         raise ValueError(f"s2_scales must be [K/g, {n}] with g a multiple of 64, got {list(s2_scales.shape)}")
-    _require(s2_scales, "s2_scales", torch.int8, (groups, n), qx.device)
-    _require(s2_zeros, "s2_zeros", torch.int8, (groups, n), qx.device)
+    _require(s2_scales, "s2_scales", torch.int8, (groups, n), qx)
+    _require(s2_zeros, "s2_zeros", torch.int8, (groups, n), qx)
     return qweight, k // groups
 
 
@@ -247,7 +248,7 @@ def w4a8_gemm(
                (bias, "bias", torch.float16, (n,)), (out, "out", torch.float16, (m, n))]
     for t, name, dtype, shape in vectors:
         if t is not None:
-            _require(t, name, dtype, shape, qx.device)
+            _require(t, name, dtype, shape, qx)
     variant_id = _variant_id(variant, qx, n, group, enable_pdl)
     qsum = _code_sums(qx, qsum, variant_id, group)
     return checked(extension().gemm(qx, s_x, qweight, s1_scales, s2_scales, s2_zeros, s1_szeros, xsum, qsum, bias,
@@ -267,7 +268,7 @@ def w4a8_accumulators(
     """Debug entry: the kernel's raw int32 accumulators Σ_k qx·W8 (W8 = q per channel) [M, N]."""
     qweight, group = _operands(qx, qweight, s2_scales, s2_zeros)
     if out is not None:
-        _require(out, "out", torch.int32, (qx.shape[0], qweight.shape[0]), qx.device)
+        _require(out, "out", torch.int32, (qx.shape[0], qweight.shape[0]), qx)
     variant_id = _variant_id(variant, qx, qweight.shape[0], group)
     qsum = _code_sums(qx, qsum, variant_id, group)
     return checked(extension().gemm_accumulators(qx, qweight, s2_scales, s2_zeros, qsum, out, variant_id))

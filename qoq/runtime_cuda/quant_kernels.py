@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from qoq.runtime_cuda.devices import same_device
 from qoq.runtime_cuda.gemm import checked, extension
 from qoq.runtime_cuda.reference import row_sums_code
 
@@ -27,12 +28,6 @@ def _rows(x: torch.Tensor, name: str) -> torch.Tensor:
     if rows.stride(-1) != 1 or rows.stride(0) % 8 or rows.data_ptr() % 16:
         rows = rows.clone(memory_format=torch.contiguous_format)  # fresh, aligned rows
     return rows
-
-
-def _same_device(t: torch.Tensor, name: str, x: torch.Tensor) -> None:
-    """The kernels run on x's GPU and read `t` there."""
-    if t.device != x.device:
-        raise ValueError(f"{name} is on {t.device} but the activations on {x.device}: both must be on one GPU")
 
 
 def _unflatten(result, lead: torch.Size, sums: str | None):
@@ -53,7 +48,7 @@ def rmsnorm_quant(x: torch.Tensor, weight: torch.Tensor, eps: float, sums: str |
     """§3.5 RMSNorm of x [..., K] (fp32 math, fp16 result), then §3.3."""
     if weight.shape != (x.shape[-1],):
         raise ValueError(f"RMSNorm weight must be [{x.shape[-1]}], got {tuple(weight.shape)}")
-    _same_device(weight, "weight", x)
+    same_device("x", x, weight=weight)
     code = row_sums_code(sums)
     result = extension().rmsnorm_quant(_rows(x, "x"), _rows(weight.half(), "weight")[0], float(eps), code)
     return _unflatten(result, x.shape[:-1], sums)
@@ -63,6 +58,6 @@ def silu_mul_quant(gate: torch.Tensor, up: torch.Tensor, sums: str | None = None
     """fp16(fp16(silu(gate)) · up) of gate, up [..., I] (e.g. the halves of a gate_up output), then §3.3."""
     if gate.shape != up.shape:
         raise ValueError(f"gate {tuple(gate.shape)} and up {tuple(up.shape)} must have one shape")
-    _same_device(up, "up", gate)
+    same_device("gate", gate, up=up)
     result = extension().silu_mul_quant(_rows(gate, "gate"), _rows(up, "up"), row_sums_code(sums))
     return _unflatten(result, gate.shape[:-1], sums)
