@@ -74,15 +74,15 @@ def auto_variant(m: int, n: int, k: int, group: int, multiprocessors: int, hoppe
     # Where the last round is partly filled (gate_up_proj's 688 leave the sixth 21% full) it still wins
     # from M = 16 (per channel 17.0 vs 18.3 us; g128 19.0 vs 19.4, 17.7 with its unchecked runs), not at
     # M = 4, 8 (bench/results/ab_h200/ab_gemv_gate_up.json). Per group below M = 4 its unchecked runs win
-    # as programmatic dependents in the even grid (qkv g128 M=1 10.17 vs 10.34 us); in gate_up_proj's the
-    # 8-warp GEMV, whose grid over one wave lets the next kernel fill its last wave's gaps, wins (15.63 vs
-    # 15.97; per channel 13.95 vs 15.44).
+    # as programmatic dependents in the even grid (qkv g128 M=1 10.23 vs 10.74 us) and, at g128 since its
+    # 32-bit offsets (6b171e4), in gate_up_proj's (15.31 vs 15.61); per channel there the 8-warp GEMV, whose
+    # grid over one wave lets the next kernel fill its last wave's gaps, wins (13.95 vs 15.36).
     per_sm = -(-(n // 32) // multiprocessors)
     even = n // 32 >= 0.95 * per_sm * multiprocessors
     gemvp_ok = gemv_ok and n * k // 2 < GEMVP_MAX_WEIGHT_BYTES
     if gemvp_ok and 4 <= m <= GEMVP_MAX_M and per_sm > 1 and (even or m > 8):
         return "gemv16p"
-    if gemvp_ok and group != -1 and m < 4 and per_sm > 1 and even and pdl and hopper:
+    if gemvp_ok and group != -1 and m < 4 and per_sm > 1 and (even or group == 128) and pdl and hopper:
         return "gemv16p"
     if gemv_ok and m <= 16:
         return "gemv"
