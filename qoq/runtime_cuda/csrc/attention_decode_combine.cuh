@@ -27,14 +27,18 @@ struct WarpState {
   float m[2], l[2];  // for g = 2*quad + {0,1}: running max (log2 units), this lane's sum of p
 };
 
-// The warps' o, scaled and laid out for the cross-warp sum: per (warp, query head) a row of kRow
-// floats (4 banks apart, so lanes of different quads never share a bank) holding d at position
-// (d % (D/8)) * 8 + d / (D/8): a lane's 8 grp neighbours then store to 8 consecutive floats.
+// The warps' o, scaled and laid out for the cross-warp sum: per (warp, query head) a row of D floats in d
+// order, moved in 16-byte chunks (a lane holds D/8 consecutive d of a head: D/32 chunks). Chunk c of
+// head g sits at chunk(g, c), XOR-swizzled by the head pair g / 2 so that the 8 lanes of each phase of a
+// warp's 16-byte store (grp 2k, 2k + 1 x quads 0..3) hit distinct bank groups.
 template <int D>
 struct CombineRows {
-  static constexpr int kRow = D + 4;
-  static constexpr int kFloats = kDecodeWarps * kMaxGroup * kRow;  // scratch the combine needs
-  __device__ static int dim(int pos) { return (pos % 8) * (D / 8) + pos / 8; }
+  static constexpr int kChunks = D / 4;
+  static constexpr int kFloats = kDecodeWarps * kMaxGroup * D;  // scratch the combine needs
+  __device__ static int chunk(int g, int c) {
+    const int pair = g >> 1;
+    return c ^ (D == 128 ? pair : (pair & 1) | ((pair >> 1) << 2));
+  }
 };
 
 // The last split of (sequence b, KV head) to arrive merges every split's partial state into out (bh:
@@ -129,25 +133,35 @@ __device__ __forceinline__ void combine_warps_and_splits(const DecodeParams& p, 
   for (int h = 0; h < 2; ++h) {
     const int g = 2 * quad + h;
     if (g >= G) continue;
-    float* row = scratch + (warp * kMaxGroup + g) * Rows::kRow;
+    float* row = scratch + (warp * kMaxGroup + g) * D;
 #pragma unroll
-    for (int i = 0; i < D / 16; ++i) {  // d = grp * D/8 + 2i (and + 1): positions 16 i + grp (and + 8)
-      row[16 * i + grp] = (st.o[i][h] * kEven - st.z[h]) * wt[h];
-      row[16 * i + 8 + grp] = (st.o[i][2 + h] * kOdd - st.z[h]) * wt[h];
+    for (int j = 0; j < D / 32; ++j) {  // d = grp * D/8 + 4j + {0, 1, 2, 3}: o[2j], o[2j + 1], even and odd d
+      const float4 v = make_float4((st.o[2 * j][h] * kEven - st.z[h]) * wt[h], (st.o[2 * j][2 + h] * kOdd - st.z[h]) * wt[h],
+                                   (st.o[2 * j + 1][h] * kEven - st.z[h]) * wt[h],
+                                   (st.o[2 * j + 1][2 + h] * kOdd - st.z[h]) * wt[h]);
+      *reinterpret_cast<float4*>(row + 4 * Rows::chunk(g, grp * (D / 32) + j)) = v;
     }
   }
   __syncthreads();
 
   half* out = p.out + (size_t)bh * GD;  // query heads head*G .. head*G+G-1 of sequence b
-  for (int idx = threadIdx.x; idx < GD; idx += kDecodeThreads) {  // idx: g and a row position
-    const int g = idx / D, pos = idx % D, d = Rows::dim(pos);
-    float O = 0.f;
+  for (int idx = threadIdx.x; idx < G * Rows::kChunks; idx += kDecodeThreads) {  // idx: g and 4 d
+    const int g = idx / Rows::kChunks, c = idx % Rows::kChunks, at = 4 * Rows::chunk(g, c);
+    float4 O = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-    for (int w = 0; w < kDecodeWarps; ++w) O += scratch[(w * kMaxGroup + g) * Rows::kRow + pos];
-    if constexpr (!kSplit)
-      out[g * D + d] = __float2half_rn(O);
-    else
-      p.part_o[part * GD + g * D + d] = O;
+    for (int w = 0; w < kDecodeWarps; ++w) {
+      const float4 v = *reinterpret_cast<const float4*>(scratch + (w * kMaxGroup + g) * D + at);
+      O.x += v.x, O.y += v.y, O.z += v.z, O.w += v.w;
+    }
+    if constexpr (!kSplit) {
+      const half2 lo = __floats2half2_rn(O.x, O.y), hi = __floats2half2_rn(O.z, O.w);
+      uint2 bits;
+      bits.x = *reinterpret_cast<const uint32_t*>(&lo);
+      bits.y = *reinterpret_cast<const uint32_t*>(&hi);
+      *reinterpret_cast<uint2*>(out + g * D + 4 * c) = bits;
+    } else {
+      *reinterpret_cast<float4*>(p.part_o + part * GD + g * D + 4 * c) = O;
+    }
   }
   if constexpr (kSplit) merge_splits<D>(p, bh);
 }
