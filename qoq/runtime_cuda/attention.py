@@ -96,7 +96,7 @@ def decode_attention(
     if h_kv == 0 or hq % h_kv or hq // h_kv > 8:
         raise ValueError(f"{hq} query heads over {h_kv} KV heads: need a group size of 1..8")
     same_device("q", q, k_pages=k_pages, v_pages=v_pages, page_table=page_table, seq_lens=seq_lens)
-    num_sms = _num_sms(q.device.index if q.device.index is not None else torch.cuda.current_device())
+    num_sms = _num_sms(q.device.index)  # a CUDA tensor's device always has its index
     splits, pages_per_split = split_plan(b, h_kv, max_seq_len, num_sms, num_splits)
     if num_stages is None:
         num_stages = plan_stages(b, h_kv, splits, d, num_sms)

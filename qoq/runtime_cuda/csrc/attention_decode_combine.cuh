@@ -134,11 +134,11 @@ __device__ __forceinline__ void combine_warps_and_splits(const DecodeParams& p, 
     const int g = 2 * quad + h;
     if (g >= G) continue;
     float* row = scratch + (warp * kMaxGroup + g) * D;
+    const auto scaled = [&](float o, float unit) { return (o * unit - st.z[h]) * wt[h]; };
 #pragma unroll
     for (int j = 0; j < D / 32; ++j) {  // d = grp * D/8 + 4j + {0, 1, 2, 3}: o[2j], o[2j + 1], even and odd d
-      const float4 v = make_float4((st.o[2 * j][h] * kEven - st.z[h]) * wt[h], (st.o[2 * j][2 + h] * kOdd - st.z[h]) * wt[h],
-                                   (st.o[2 * j + 1][h] * kEven - st.z[h]) * wt[h],
-                                   (st.o[2 * j + 1][2 + h] * kOdd - st.z[h]) * wt[h]);
+      const float4 v = make_float4(scaled(st.o[2 * j][h], kEven), scaled(st.o[2 * j][2 + h], kOdd),
+                                   scaled(st.o[2 * j + 1][h], kEven), scaled(st.o[2 * j + 1][2 + h], kOdd));
       *reinterpret_cast<float4*>(row + 4 * Rows::chunk(g, grp * (D / 32) + j)) = v;
     }
   }
