@@ -31,6 +31,7 @@ VARIANTS = {"gemv": 1, "gemv16": 6, "gemv16p": 11, "tiled64": 2, "tiled128": 3, 
             "wg128x64": 7, "wg128x128": 8, "wg64x64": 9, "wg64x64k2": 10}
 GEMV_MAX_M = 64
 GEMVP_MAX_M = 16  # the persistent GEMV stages at most 16 activation rows
+HOPPER_SMEM_OPTIN = 227 * 1024  # shared memory one block may opt into on sm_90
 GEMVP_MAX_WEIGHT_BYTES = 1 << 32  # and addresses its packed weights (N * K / 2 bytes) with 32-bit offsets
 # the kernels that take the code sums per group (biased u8 weights)
 BIASED_IDS = {i for v, i in VARIANTS.items() if v.startswith(("wg", "gemv"))}
@@ -64,6 +65,13 @@ def auto_variant(m: int, n: int, k: int, group: int, multiprocessors: int, hoppe
     """Kernel for an [M, K] x [K, N] product (chosen from bench/gemm_h200.py's variant sweep); `pdl`: launched
     as a programmatic dependent (w4a8_gemm's enable_pdl, Hopper)."""
     gemv_ok = group in (-1, 64, 128)  # the GEMV kernels are compiled for these group sizes
+    gemvp_ok = gemv_ok and n * k // 2 < GEMVP_MAX_WEIGHT_BYTES
+    # Per channel from M = 9, one wave, as programmatic dependents: the persistent GEMV where its rows fit
+    # shared memory (down_proj M=16 10.16 vs gemv16's 10.52 us, o_proj level at 5.47; the same order in
+    # bench/results/probes_h200/gemvp_grid_probe.json, 10.21 vs 10.66).
+    if (gemvp_ok and group == -1 and 8 < m <= GEMVP_MAX_M and n // 32 <= multiprocessors and pdl and hopper
+            and _gemvp_rows_fit(m, k)):
+        return "gemv16p"
     # One wave of 32-column blocks: 16 warps each keep more loads in flight where the blocks are long, and
     # for a single token (o_proj g128 M=1 5.16 vs 5.68 us; at M=16 the 8-warp GEMV, 6.07 vs 6.32). As
     # programmatic dependents, at every M <= 16 (o_proj g128 M=16 5.35 vs 6.57).
@@ -79,7 +87,6 @@ def auto_variant(m: int, n: int, k: int, group: int, multiprocessors: int, hoppe
     # grid over one wave lets the next kernel fill its last wave's gaps, wins (13.95 vs 15.36).
     per_sm = -(-(n // 32) // multiprocessors)
     even = n // 32 >= 0.95 * per_sm * multiprocessors
-    gemvp_ok = gemv_ok and n * k // 2 < GEMVP_MAX_WEIGHT_BYTES
     if gemvp_ok and 4 <= m <= GEMVP_MAX_M and per_sm > 1 and (even or m > 8):
         return "gemv16p"
     if gemvp_ok and group != -1 and m < 4 and per_sm > 1 and (even or group == 128) and pdl and hopper:
@@ -100,6 +107,12 @@ def auto_variant(m: int, n: int, k: int, group: int, multiprocessors: int, hoppe
     if blocks128 >= 1.9 * multiprocessors:
         return "tiled128" if group == -1 else "tiled128w"
     return "tiled64w"
+
+
+def _gemvp_rows_fit(m: int, k: int) -> bool:
+    """The persistent GEMV's shared memory (csrc gemvp_smem_bytes: header, [M][K + 16] rows, two column-sum
+    buffers) within a Hopper block's opt-in; beyond it the kernel hands over to the 8-warp GEMV."""
+    return 32 + m * (k + 16) + 2 * 16 * 32 * 4 <= HOPPER_SMEM_OPTIN
 
 
 def _wgmma_variant(m: int, n: int, k: int, group: int, multiprocessors: int) -> str:

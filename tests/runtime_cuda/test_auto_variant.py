@@ -44,3 +44,12 @@ def test_the_persistent_gemv_is_not_picked_for_weights_of_4_gib():
     for m, pdl in [(16, False), (1, True)]:
         assert auto_variant(m, *small, 128, 132, True, pdl) == "gemv16p"
         assert auto_variant(m, *large, 128, 132, True, pdl) != "gemv16p"
+
+
+def test_per_channel_one_wave_m16_takes_the_persistent_gemv_only_where_its_rows_fit():
+    # down_proj's [16][11008 + 16] rows fit a Hopper block's shared memory; Llama-3's K = 14336 does not,
+    # where the persistent kernel would hand over to the 8-warp GEMV instead of the timed one
+    assert auto_variant(16, 4096, 11008, -1, 132, True, True) == "gemv16p"
+    assert auto_variant(16, 4096, 14336, -1, 132, True, True) == "gemv16"
+    assert auto_variant(16, 4096, 11008, 128, 132, True, True) == "gemv16"  # per group gemv16 stays faster
+    assert auto_variant(8, 4096, 11008, -1, 132, True, True) == "gemv16"  # untimed below M = 9
