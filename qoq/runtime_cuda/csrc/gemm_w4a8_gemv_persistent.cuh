@@ -84,6 +84,14 @@ __global__ void __launch_bounds__(GEMVP_WARPS * 32, 1) gemm_gemv_persistent_kern
   if (slices) gemv_copy_slices<RUN, STRIDE>(p, smem, first, k_tiles, a_base, a_step);
   else gemv_copy_rows<GEMVP_WARPS>(p, smem, a_base, a_step);
   if (!p.dependent) load(ping, n0, first);
+  // The second run, into the other buffer. With the pair's rows (M >= 4) its loads go out before the wait
+  // for them, so that the weights keep streaming while the rows land: 0.92-0.99x the time at M = 4..16 as
+  // programmatic dependents (qkv_proj g128 M=16 11.05 -> 10.20 us), M = 1 unchanged
+  // (bench/results/ab_h200/ab_gemv16p_second_run_early_*.json). The staged GEMVs measured slower so.
+  int n_second = n0, first_second = first;
+  next(n_second, first_second);
+  const bool second = n_second < col_blocks;
+  if (!slices && second) load(pong, n_second, first_second);
   if (slices) {
     __syncthreads();  // the zeroed sums, before any warp adds into them
     gemv_wait_slices();
@@ -92,9 +100,7 @@ __global__ void __launch_bounds__(GEMVP_WARPS * 32, 1) gemm_gemv_persistent_kern
   }
 
   int acc[1][4][4] = {};
-  int n_second = n0, first_second = first;  // the second run, into the other buffer
-  next(n_second, first_second);
-  if (n_second < col_blocks) load(pong, n_second, first_second);
+  if (slices && second) load(pong, n_second, first_second);
   // One run: computed while the run two ahead is loaded into its registers; false after the last.
   const auto step = [&](GemvRun<GROUP, RUN>& run) {
     int n1 = n0, first1 = first;
