@@ -101,14 +101,23 @@ def sum_error(xs: torch.Tensor, xs_ref: torch.Tensor, q_ref: torch.Tensor, s_ref
     return ((xs.double() - xs_ref.double()).abs().reshape(-1) / abs_sum.double()).max().item()
 
 
-def code_stats(result, ref, code_sums) -> dict:
-    """result / ref: (qx, s_x, input sums); code_sums: (qx, s_x, code sums) of the kernel, exact to its codes."""
+def code_stats(result, ref, y_ref, code_sums) -> dict:
+    """result / ref: (qx, s_x, input sums); y_ref: the reference's fp16 input to the quantization;
+    code_sums: (qx, s_x, code sums) of the kernel, exact to its codes.
+
+    The fraction of codes that differ is judged at the kernel's own scales (y_ref quantized with them):
+    when the kernel's fp32 math and torch's differ in the last bit, a token's largest fp16 input can round
+    the other way, its scale then differs by an fp16 ulp and ~2% of that token's codes move by 1, which
+    fails a 7-token row (13 codes of 4032 in one run) while every code is right for the scale it has. The
+    scales are held to scale_rel_err; frac_code_diff (against the reference's own codes) is reported too."""
     (q, s, xs), (q_ref, s_ref, xs_ref) = result, ref
     diff = (q.int() - q_ref.int()).abs()
+    q_at_s = torch.round(y_ref.float() / s.float()).clamp(-127, 127)  # the reference's codes at the kernel's s
     stats = dict(max_code_diff=int(diff.max()), frac_code_diff=(diff > 0).float().mean().item(),
+                 frac_code_diff_at_kernel_scale=(q.float() != q_at_s).float().mean().item(),
                  scale_rel_err=rel_err(s, s_ref), sum_err_vs_abs_sum=sum_error(xs, xs_ref, q_ref, s_ref),
                  code_sums_exact=torch.equal(code_sums[2], code_sums[0].sum(dim=-1, dtype=torch.int32)))
-    stats["ok"] = stats["max_code_diff"] <= 1 and stats["frac_code_diff"] <= 1e-3 and max(
+    stats["ok"] = stats["max_code_diff"] <= 1 and stats["frac_code_diff_at_kernel_scale"] <= 1e-3 and max(
         stats["scale_rel_err"], stats["sum_err_vs_abs_sum"]) < 1e-3 and stats["code_sums_exact"]
     return stats
 
@@ -121,16 +130,18 @@ def check_fused() -> list[dict]:
             gamma = (torch.rand(k, device=DEV) + 0.5).half()
             gate_up = (torch.randn(tokens, 2 * k, device=DEV) * 3).half()
             gate, up = gate_up[:, :k], gate_up[:, k:]
-            cases = {  # kernel(sums), reference(sums)
+            cases = {  # kernel(sums), reference(sums), the reference's fp16 input to the quantization
                 "quant": (lambda sums: quant_kernels.quant_tokens(x, sums),
-                          lambda sums: reference.reference_quant(x, sums)),
+                          lambda sums: reference.reference_quant(x, sums), x),
                 "rmsnorm_quant": (lambda sums: quant_kernels.rmsnorm_quant(x, gamma, 1e-5, sums),
-                                  lambda sums: reference.reference_rmsnorm_quant(x, gamma, 1e-5, sums)),
+                                  lambda sums: reference.reference_rmsnorm_quant(x, gamma, 1e-5, sums),
+                                  reference.rmsnorm_fp16(x, gamma, 1e-5)),
                 "silu_mul_quant": (lambda sums: quant_kernels.silu_mul_quant(gate, up, sums),
-                                   lambda sums: reference.reference_silu_mul_quant(gate, up, sums)),
+                                   lambda sums: reference.reference_silu_mul_quant(gate, up, sums),
+                                   reference.silu_mul_fp16(gate, up)),
             }
-            for kernel, (run, ref) in cases.items():
-                stats = code_stats(run("inputs"), ref("inputs"), run("codes"))
+            for kernel, (run, ref, y_ref) in cases.items():
+                stats = code_stats(run("inputs"), ref("inputs"), y_ref, run("codes"))
                 rows.append(dict(kernel=kernel, tokens=tokens, k=k, **stats))
     return rows
 

@@ -105,15 +105,23 @@ def reference_quant(x: torch.Tensor, sums: str | None = None):
     return _quantize_with_sums(x, sums)
 
 
-def reference_rmsnorm_quant(x: torch.Tensor, weight: torch.Tensor, eps: float, sums: str | None = None):
-    """§3.5 RMSNorm in fp32, rounded to fp16 (the GEMM input), then §3.3."""
+def rmsnorm_fp16(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """§3.5 RMSNorm in fp32, rounded to fp16: the GEMM input rmsnorm_quant quantizes."""
     x32 = x.float()
     inv_rms = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)  # [..., 1]
-    y = (x32 * inv_rms * weight.float()).half()
-    return _quantize_with_sums(y, sums)
+    return (x32 * inv_rms * weight.float()).half()
+
+
+def silu_mul_fp16(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """fp16(fp16(silu(gate)) · up), as an fp16 MLP computes it: the GEMM input silu_mul_quant quantizes."""
+    return F.silu(gate.half()) * up.half()
+
+
+def reference_rmsnorm_quant(x: torch.Tensor, weight: torch.Tensor, eps: float, sums: str | None = None):
+    """rmsnorm_fp16, then §3.3."""
+    return _quantize_with_sums(rmsnorm_fp16(x, weight, eps), sums)
 
 
 def reference_silu_mul_quant(gate: torch.Tensor, up: torch.Tensor, sums: str | None = None):
-    """fp16(fp16(silu(gate)) · up), as an fp16 MLP computes it, then §3.3."""
-    y = F.silu(gate.half()) * up.half()
-    return _quantize_with_sums(y, sums)
+    """silu_mul_fp16, then §3.3."""
+    return _quantize_with_sums(silu_mul_fp16(gate, up), sums)
