@@ -81,13 +81,15 @@ def auto_variant(m: int, n: int, k: int, group: int, multiprocessors: int, hoppe
     # 384 over 132 SMs): the persistent GEMV stages the rows once per SM (qkv g128 M=16 11.4 vs 12.6 us).
     # Where the last round is partly filled (gate_up_proj's 688 leave the sixth 21% full) it still wins
     # from M = 16 (per channel 17.0 vs 18.3 us; g128 19.0 vs 19.4, 17.7 with its unchecked runs), not at
-    # M = 4, 8 (bench/results/ab_h200/ab_gemv_gate_up.json). Per group below M = 4 its unchecked runs win
-    # as programmatic dependents in the even grid (qkv g128 M=1 10.23 vs 10.74 us) and, at g128 since its
-    # 32-bit offsets (6b171e4), in gate_up_proj's (15.31 vs 15.61); per channel there the 8-warp GEMV, whose
-    # grid over one wave lets the next kernel fill its last wave's gaps, wins (13.95 vs 15.36).
+    # M = 4, 8 (bench/results/ab_h200/ab_gemv_gate_up.json), except per group 128 as programmatic dependents
+    # since its second run goes out before the rows' wait (M=4 15.97 vs 16.56 us, M=8 16.06 vs 17.37; per
+    # channel the 8-warp GEMV, 15.30 vs 15.98: ab_gemv_gate_up_second_run_early.json). Per group below M = 4
+    # its unchecked runs win as programmatic dependents in the even grid (qkv g128 M=1 10.23 vs 10.74 us) and,
+    # at g128 since its 32-bit offsets (6b171e4), in gate_up_proj's (15.31 vs 15.61); per channel there the 8-warp
+    # GEMV, whose grid over one wave lets the next kernel fill its last wave's gaps, wins (13.95 vs 15.36).
     per_sm = -(-(n // 32) // multiprocessors)
     even = n // 32 >= 0.95 * per_sm * multiprocessors
-    if gemvp_ok and 4 <= m <= GEMVP_MAX_M and per_sm > 1 and (even or m > 8):
+    if gemvp_ok and 4 <= m <= GEMVP_MAX_M and per_sm > 1 and (even or m > 8 or (group == 128 and pdl and hopper)):
         return "gemv16p"
     if gemvp_ok and group != -1 and m < 4 and per_sm > 1 and (even or group == 128) and pdl and hopper:
         return "gemv16p"

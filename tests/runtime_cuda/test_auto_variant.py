@@ -53,3 +53,11 @@ def test_per_channel_one_wave_m16_takes_the_persistent_gemv_only_where_its_rows_
     assert auto_variant(16, 4096, 14336, -1, 132, True, True) == "gemv16"
     assert auto_variant(16, 4096, 11008, 128, 132, True, True) == "gemv16"  # per group gemv16 stays faster
     assert auto_variant(8, 4096, 11008, -1, 132, True, True) == "gemv16"  # untimed below M = 9
+
+
+def test_gate_up_proj_from_m4_takes_the_persistent_gemv_per_group_128_as_dependents():
+    # timed at M = 4 and 8 only as programmatic dependents (bench/results/ab_h200/ab_gemv_gate_up_second_run_early.json)
+    for m in (4, 8):
+        assert auto_variant(m, 22016, 4096, 128, 132, True, pdl=True) == "gemv16p"
+        assert auto_variant(m, 22016, 4096, -1, 132, True, pdl=True) == "gemv"
+        assert auto_variant(m, 22016, 4096, 128, 132, True, pdl=False) == "gemv"
