@@ -67,8 +67,8 @@ def auto_variant(m: int, n: int, k: int, group: int, multiprocessors: int, hoppe
     gemv_ok = group in (-1, 64, 128)  # the GEMV kernels are compiled for these group sizes
     gemvp_ok = gemv_ok and n * k // 2 < GEMVP_MAX_WEIGHT_BYTES
     # Per channel from M = 9, one wave, as programmatic dependents: the persistent GEMV where its rows fit
-    # shared memory (down_proj M=16 10.16 vs gemv16's 10.52 us, o_proj level at 5.47; the same order in
-    # bench/results/probes_h200/gemvp_grid_probe.json, 10.21 vs 10.66).
+    # shared memory (down_proj M=16 10.01 vs gemv16's 10.65 us, o_proj level at 5.40; 10.16 vs 10.52 in the
+    # run before, 10.21 vs 10.66 in bench/results/probes_h200/gemvp_grid_probe.json).
     if (gemvp_ok and group == -1 and 8 < m <= GEMVP_MAX_M and n // 32 <= multiprocessors and pdl and hopper
             and _gemvp_rows_fit(m, k)):
         return "gemv16p"
