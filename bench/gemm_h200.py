@@ -30,6 +30,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.timing import n_sets, time_graph  # noqa: E402
+from qoq.quant.activations import codes_at_scale  # noqa: E402
 from qoq.quant.linear import export_linear  # noqa: E402
 from qoq.quant.weights import quantize_weight  # noqa: E402
 from qoq.runtime_cuda import quant_kernels, reference  # noqa: E402
@@ -112,7 +113,7 @@ def code_stats(result, ref, y_ref, code_sums) -> dict:
     scales are held to scale_rel_err; frac_code_diff (against the reference's own codes) is reported too."""
     (q, s, xs), (q_ref, s_ref, xs_ref) = result, ref
     diff = (q.int() - q_ref.int()).abs()
-    q_at_s = torch.round(y_ref.float() / s.float()).clamp(-127, 127)  # the reference's codes at the kernel's s
+    q_at_s = codes_at_scale(y_ref, s)  # the reference's codes at the kernel's scales
     stats = dict(max_code_diff=int(diff.max()), frac_code_diff=(diff > 0).float().mean().item(),
                  frac_code_diff_at_kernel_scale=(q.float() != q_at_s).float().mean().item(),
                  scale_rel_err=rel_err(s, s_ref), sum_err_vs_abs_sum=sum_error(xs, xs_ref, q_ref, s_ref),

@@ -16,8 +16,12 @@ def quantize_tokens(x: torch.Tensor, codes_dtype: torch.dtype = torch.int8) -> t
     xf = x.float()
     abs_max = xf.abs().amax(dim=-1, keepdim=True).clamp_min(ABS_MAX_FLOOR)  # [..., 1]
     s_x = (abs_max / 127).half().clamp_min(SMALLEST_FP16_SCALE)
-    qx = torch.round(xf / s_x.float()).clamp_(-127, 127)
-    return qx.to(codes_dtype), s_x
+    return codes_at_scale(xf, s_x).to(codes_dtype), s_x
+
+
+def codes_at_scale(x: torch.Tensor, s_x: torch.Tensor) -> torch.Tensor:
+    """The codes of x [..., K] at the per-token scales s_x [..., 1]: round(x / s_x) in -127..127, fp32."""
+    return torch.round(x.float() / s_x.float()).clamp_(-127, 127)
 
 
 def fake_quant_tokens(x: torch.Tensor) -> torch.Tensor:

@@ -31,8 +31,8 @@ VARIANTS = {"gemv": 1, "gemv16": 6, "gemv16p": 11, "tiled64": 2, "tiled128": 3, 
             "wg128x64": 7, "wg128x128": 8, "wg64x64": 9, "wg64x64k2": 10}
 GEMV_MAX_M = 64
 GEMVP_MAX_M = 16  # the persistent GEMV stages at most 16 activation rows
-HOPPER_SMEM_OPTIN = 227 * 1024  # shared memory one block may opt into on sm_90
 GEMVP_MAX_WEIGHT_BYTES = 1 << 32  # and addresses its packed weights (N * K / 2 bytes) with 32-bit offsets
+HOPPER_SMEM_OPTIN = 227 * 1024  # shared memory one block may opt into on sm_90
 # the kernels that take the code sums per group (biased u8 weights)
 BIASED_IDS = {i for v, i in VARIANTS.items() if v.startswith(("wg", "gemv"))}
 
