@@ -55,6 +55,11 @@ CASES = {  # (N, K, M, group, variant)
                  for v in ("gemv", "gemv16", "gemv16p")],
     # gate_up_proj's 688 column blocks (5.2 per SM) in both GEMVs auto_variant chooses between at M >= 4
     "gemv_gate_up": [(22016, 4096, m, g, v) for m in (4, 8, 16) for g in (128, -1) for v in ("gemv", "gemv16p")],
+    # the 16-warp staged GEMV alone, at the M where it shares rows or splits K over a cluster and below
+    "gemv16": [(n, k, m, g, "gemv16") for n, k in LLAMA2 for m in (1, 4, 8, 16) for g in (128, -1)],
+    # the one-wave 16-warp GEMVs (o_proj, down_proj) at one token and at 16
+    "gemv16_one_wave": [(n, k, m, g, "gemv16") for n, k in ((4096, 4096), (4096, 11008)) for m in (1, 16)
+                        for g in (128, -1)],
     # the persistent GEMV alone
     "gemv16p": [(n, k, m, g, "gemv16p") for n, k in LLAMA2 for m in (1, 4, 16) for g in (128, -1)],
     # a linear's two kernels (quant_tokens, then the GEMM auto_variant picks) at decode and prefill sizes
