@@ -27,14 +27,15 @@ struct WarpState {
   float m[2], l[2];  // for g = 2*quad + {0,1}: running max (log2 units), this lane's sum of p
 };
 
-// The warps' o, scaled and laid out for the cross-warp sum: per (warp, query head) a row of D floats in d
-// order, moved in 16-byte chunks (a lane holds D/8 consecutive d of a head: D/32 chunks). Chunk c of
-// head g sits at chunk(g, c), XOR-swizzled by the head pair g / 2 so that the 8 lanes of each phase of a
-// warp's 16-byte store (grp 2k, 2k + 1 x quads 0..3) hit distinct bank groups.
+// The warps' o laid out for the cross-warp sum: per (warp, query head) a row of D floats in d order, moved
+// in 16-byte chunks (a lane holds D/8 consecutive d of a head: D/32 chunks), then the warp's m and l per
+// head. Chunk c of head g sits at chunk(g, c), XOR-swizzled by the head pair g / 2 so that the 8 lanes of
+// each phase of a warp's 16-byte store (grp 2k, 2k + 1 x quads 0..3) hit distinct bank groups.
 template <int D>
 struct CombineRows {
   static constexpr int kChunks = D / 4;
-  static constexpr int kFloats = kDecodeWarps * kMaxGroup * D;  // scratch the combine needs
+  static constexpr int kM = kMaxGroup * D, kL = kM + kMaxGroup;  // float offsets of m and l in a warp's region
+  static constexpr int kFloats = kL + kMaxGroup;  // a warp's region
   __device__ static int chunk(int g, int c) {
     const int pair = g >> 1;
     return c ^ (D == 128 ? pair : (pair & 1) | ((pair >> 1) << 2));
@@ -89,13 +90,13 @@ __device__ __forceinline__ void merge_splits(const DecodeParams& p, int bh) {
   if (threadIdx.x == 0) p.counters[bh] = 0;
 }
 
-// scratch: >= CombineRows<D>::kFloats floats of shared memory no longer used by the caller.
-// kSplit: p.num_splits > 1.
+// scratch + w * region (region >= CombineRows<D>::kFloats floats): warp w's own ring, which only it has
+// read, so each warp writes its partial state there without waiting for the others; one barrier, then
+// each thread merges 4 d of one head over the warps. kSplit: p.num_splits > 1.
 template <int D, bool kSplit>
 __device__ __forceinline__ void combine_warps_and_splits(const DecodeParams& p, WarpState<D>& st, float* scratch,
-                                                         int split, int head, int b) {
+                                                         int region, int split, int head, int b) {
   using Rows = CombineRows<D>;
-  __shared__ float sm_m[kDecodeWarps][kMaxGroup], sm_l[kDecodeWarps][kMaxGroup];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, quad = lane & 3, grp = lane >> 2;
   const int G = p.group, GD = G * D, S = kSplit ? p.num_splits : 1;
   const int bh = b * p.num_kv_heads + head;
@@ -104,63 +105,56 @@ __device__ __forceinline__ void combine_warps_and_splits(const DecodeParams& p, 
   for (int h = 0; h < 2; ++h)
 #pragma unroll
     for (int x = 4; x <= 16; x <<= 1) st.l[h] += __shfl_xor_sync(0xffffffffu, st.l[h], x);
+  float* mine = scratch + warp * region;
   if (grp == 0) {
-    sm_m[warp][2 * quad] = st.m[0]; sm_l[warp][2 * quad] = st.l[0];
-    sm_m[warp][2 * quad + 1] = st.m[1]; sm_l[warp][2 * quad + 1] = st.l[1];
-  }
-  __syncthreads();
-
-  // Each lane weighs its own o by exp2(m - M) for the CTA's max M of its heads (and by 1 / L with one
-  // split), so the cross-warp step is a plain sum. A warp without tokens has m = -inf and weight 0.
-  float wt[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int g = 2 * quad + h;
-    float M = -INFINITY, L = 0.f;
-#pragma unroll
-    for (int w = 0; w < kDecodeWarps; ++w) M = fmaxf(M, sm_m[w][g]);
-#pragma unroll
-    for (int w = 0; w < kDecodeWarps; ++w) L += sm_m[w][g] == -INFINITY ? 0.f : sm_l[w][g] * exp2f(sm_m[w][g] - M);
-    wt[h] = st.m[h] == -INFINITY ? 0.f : exp2f(st.m[h] - M);
-    if constexpr (!kSplit) wt[h] = L > 0.f ? wt[h] / L : 0.f;
-    if (kSplit && warp == 0 && grp == 0 && g < G) {
-      p.part_ml[(part * G + g) * 2] = M;
-      p.part_ml[(part * G + g) * 2 + 1] = L;
-    }
+    mine[Rows::kM + 2 * quad] = st.m[0]; mine[Rows::kL + 2 * quad] = st.l[0];
+    mine[Rows::kM + 2 * quad + 1] = st.m[1]; mine[Rows::kL + 2 * quad + 1] = st.l[1];
   }
   constexpr float kEven = 16777216.f, kOdd = 1048576.f;  // 2^24; 2^24 / 16 for the high nibbles
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int g = 2 * quad + h;
     if (g >= G) continue;
-    float* row = scratch + (warp * kMaxGroup + g) * D;
-    const auto scaled = [&](float o, float unit) { return (o * unit - st.z[h]) * wt[h]; };
+    float* row = mine + g * D;
+    const auto unscaled = [&](float o, float unit) { return o * unit - st.z[h]; };
 #pragma unroll
     for (int j = 0; j < D / 32; ++j) {  // d = grp * D/8 + 4j + {0, 1, 2, 3}: o[2j], o[2j + 1], even and odd d
-      const float4 v = make_float4(scaled(st.o[2 * j][h], kEven), scaled(st.o[2 * j][2 + h], kOdd),
-                                   scaled(st.o[2 * j + 1][h], kEven), scaled(st.o[2 * j + 1][2 + h], kOdd));
+      const float4 v = make_float4(unscaled(st.o[2 * j][h], kEven), unscaled(st.o[2 * j][2 + h], kOdd),
+                                   unscaled(st.o[2 * j + 1][h], kEven), unscaled(st.o[2 * j + 1][2 + h], kOdd));
       *reinterpret_cast<float4*>(row + 4 * Rows::chunk(g, grp * (D / 32) + j)) = v;
     }
   }
   __syncthreads();
 
+  // Each warp's o is relative to its own running max: weigh it by exp2(m - M) for the max M over the
+  // warps (a warp without tokens has m = -inf and weight 0), and with one split divide by L.
   half* out = p.out + (size_t)bh * GD;  // query heads head*G .. head*G+G-1 of sequence b
   for (int idx = threadIdx.x; idx < G * Rows::kChunks; idx += kDecodeThreads) {  // idx: g and 4 d
     const int g = idx / Rows::kChunks, c = idx % Rows::kChunks, at = 4 * Rows::chunk(g, c);
+    float m[kDecodeWarps], M = -INFINITY, L = 0.f;
+#pragma unroll
+    for (int w = 0; w < kDecodeWarps; ++w) M = fmaxf(M, m[w] = scratch[w * region + Rows::kM + g]);
     float4 O = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
     for (int w = 0; w < kDecodeWarps; ++w) {
-      const float4 v = *reinterpret_cast<const float4*>(scratch + (w * kMaxGroup + g) * D + at);
-      O.x += v.x, O.y += v.y, O.z += v.z, O.w += v.w;
+      const float e = m[w] == -INFINITY ? 0.f : exp2f(m[w] - M);
+      L += e * scratch[w * region + Rows::kL + g];
+      const float4 v = *reinterpret_cast<const float4*>(scratch + w * region + g * D + at);
+      O.x += e * v.x, O.y += e * v.y, O.z += e * v.z, O.w += e * v.w;
     }
     if constexpr (!kSplit) {
-      const half2 lo = __floats2half2_rn(O.x, O.y), hi = __floats2half2_rn(O.z, O.w);
+      const float inv = L > 0.f ? 1.f / L : 0.f;
+      const half2 lo = __floats2half2_rn(O.x * inv, O.y * inv), hi = __floats2half2_rn(O.z * inv, O.w * inv);
       uint2 bits;
       bits.x = *reinterpret_cast<const uint32_t*>(&lo);
       bits.y = *reinterpret_cast<const uint32_t*>(&hi);
       *reinterpret_cast<uint2*>(out + g * D + 4 * c) = bits;
     } else {
       *reinterpret_cast<float4*>(p.part_o + part * GD + g * D + 4 * c) = O;
+      if (c == 0) {
+        p.part_ml[(part * G + g) * 2] = M;
+        p.part_ml[(part * G + g) * 2 + 1] = L;
+      }
     }
   }
   if constexpr (kSplit) merge_splits<D>(p, bh);

@@ -46,7 +46,7 @@ struct Chunk {
   static constexpr int kVecPieces = kTokens * 2 / 16;  // 16-byte pieces per scale/zero vector
   static constexpr int kSlotBytes = kSOffset + 4 * kTokens * 2;
   static_assert(kCodeBytes == 2048 && 4 * kVecPieces <= 32, "one round of copies per lane");
-  static_assert(CombineRows<D>::kFloats * 4 <= 2 * kWarps * kSlotBytes, "the combine reuses the ring");
+  static_assert(CombineRows<D>::kFloats * 4 <= 2 * kSlotBytes, "a warp's combine state fits its ring (2 slots)");
 };
 
 // XOR of the 16-byte piece index within each 128 bytes of a code region, by token row, so that
@@ -413,8 +413,9 @@ __global__ void __launch_bounds__(kThreads, 4) decode_kv4_kernel(const DecodePar
   }
   allow_dependent_grids();  // every copy of this CTA is issued: the next kernel may start
   cp_async_wait<0>();
-  __syncthreads();  // the ring becomes the combine's scratch
-  combine_warps_and_splits<D, kSplit>(p, st, reinterpret_cast<float*>(smem), split, head, b);
+  __syncwarp();  // every lane's copies into this warp's ring have landed: the combine reuses it
+  combine_warps_and_splits<D, kSplit>(p, st, reinterpret_cast<float*>(smem), kStages * C::kSlotBytes / 4, split, head,
+                                      b);
 }
 
 template <int D, int kStages, bool kSplit>
