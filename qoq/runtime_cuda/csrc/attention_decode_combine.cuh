@@ -42,6 +42,10 @@ struct CombineRows {
   }
 };
 
+// The weight of a partial softmax state with running max m (log2 units) against the max M of all being
+// merged: exp2(m - M), and 0 for a state without tokens (m = -inf), which may be all of them.
+__device__ __forceinline__ float state_weight(float m, float M) { return m == -INFINITY ? 0.f : exp2f(m - M); }
+
 // The last split of (sequence b, KV head) to arrive merges every split's partial state into out (bh:
 // b * H_kv + head). Called by all threads of a CTA once its own partial state is stored.
 template <int D>
@@ -71,7 +75,7 @@ __device__ __forceinline__ void merge_splits(const DecodeParams& p, int bh) {
     float wt[2], L = 0.f;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      wt[h] = m[h] == -INFINITY ? 0.f : exp2f(m[h] - M);
+      wt[h] = state_weight(m[h], M);
       L += wt[h] * l[h];
     }
     for (int off = 16; off > 0; off /= 2) L += __shfl_xor_sync(0xffffffffu, L, off);
@@ -126,8 +130,8 @@ __device__ __forceinline__ void combine_warps_and_splits(const DecodeParams& p, 
   }
   __syncthreads();
 
-  // Each warp's o is relative to its own running max: weigh it by exp2(m - M) for the max M over the
-  // warps (a warp without tokens has m = -inf and weight 0), and with one split divide by L.
+  // Each warp's o is relative to its own running max: weigh it by state_weight against the max M over
+  // the warps, and with one split divide by L.
   half* out = p.out + (size_t)bh * GD;  // query heads head*G .. head*G+G-1 of sequence b
   for (int idx = threadIdx.x; idx < G * Rows::kChunks; idx += kDecodeThreads) {  // idx: g and 4 d
     const int g = idx / Rows::kChunks, c = idx % Rows::kChunks, at = 4 * Rows::chunk(g, c);
@@ -137,7 +141,7 @@ __device__ __forceinline__ void combine_warps_and_splits(const DecodeParams& p, 
     float4 O = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
     for (int w = 0; w < kDecodeWarps; ++w) {
-      const float e = m[w] == -INFINITY ? 0.f : exp2f(m[w] - M);
+      const float e = state_weight(m[w], M);
       L += e * scratch[w * region + Rows::kL + g];
       const float4 v = *reinterpret_cast<const float4*>(scratch + w * region + g * D + at);
       O.x += e * v.x, O.y += e * v.y, O.z += e * v.z, O.w += e * v.w;
