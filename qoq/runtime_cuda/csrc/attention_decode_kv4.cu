@@ -179,7 +179,9 @@ __device__ __forceinline__ void attend_chunk(const SlotReader<D>& c, const uint3
   float s[kBlocks][4];
 #pragma unroll
   for (int blk = 0; blk < kBlocks; ++blk) {
-    float acc[4] = {};
+    // two accumulators, so that the chain of dependent mmas (what a warp's last chunk waits on) is half
+    // as long
+    float acc[4] = {}, acc2[4] = {};
     uint32_t ka[C::kKWords], kb[C::kKWords];
     c.k(ka, blk, 0);
     c.k(kb, blk, 1);
@@ -189,8 +191,10 @@ __device__ __forceinline__ void attend_chunk(const SlotReader<D>& c, const uint3
       subnormal_codes8(ka[w], a);  // odd d meet q/16 (load_query): every product is q * code * 2^-24
       subnormal_codes8(kb[w], b);
       mma_16816(acc, a[0], b[0], a[1], b[1], qb[2 * w][0], qb[2 * w][1]);
-      mma_16816(acc, a[2], b[2], a[3], b[3], qb[2 * w + 1][0], qb[2 * w + 1][1]);
+      mma_16816(acc2, a[2], b[2], a[3], b[3], qb[2 * w + 1][0], qb[2 * w + 1][1]);
     }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[e] += acc2[e];
     const half2 ks = bits_h2(c.sz_k(blk, 0)), kz = bits_h2(c.sz_k(blk, 1));
     const float ks_a = __low2float(ks), ks_b = __high2float(ks), kz_a = __low2float(kz), kz_b = __high2float(kz);
     s[blk][0] = fmaf(-kz_a, qs[0], acc[0]) * ks_a;
