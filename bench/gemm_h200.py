@@ -35,7 +35,8 @@ from qoq.quant.linear import export_linear  # noqa: E402
 from qoq.quant.weights import quantize_weight  # noqa: E402
 from qoq.runtime_cuda import quant_kernels, reference  # noqa: E402
 from qoq.runtime_cuda.gemm import (  # noqa: E402
-    GEMV_MAX_M, GEMVP_MAX_M, VARIANTS, auto_variant, extension, is_hopper, w4a8_accumulators, w4a8_gemm,
+    GEMV_MAX_M, GEMVP_MAX_M, TILED_VARIANTS, VARIANTS, auto_variant, extension, is_hopper, tiles_for,
+    w4a8_accumulators, w4a8_gemm,
 )
 
 MODELS = {  # (N, K) of qkv, o, gate_up, down; group size of the per-group recipe
@@ -62,6 +63,12 @@ def variants_for(m: int) -> list[str]:
     return [v for v in SELECTED if not v.startswith("gemv") or m <= (GEMVP_MAX_M if v == "gemv16p" else GEMV_MAX_M)]
 
 
+def takes_tiles(variant: str, m: int, group: int) -> bool:
+    """Whether `variant` ("auto": auto_variant's pick) gets its activations as A-fragment tiles, as a
+    CudaW4A8Linear of m tokens quantizes them (gemm.tiles_for)."""
+    return (variant in TILED_VARIANTS or variant == "auto") and tiles_for(m, group)
+
+
 def bench_variants_for(m: int) -> list[str]:
     """Timed variants: at M <= 16 only the GEMVs (the MMA kernels were >= 2x slower there in every sweep)."""
     return [v for v in variants_for(m) if v.startswith("gemv")] if m <= 16 else variants_for(m)
@@ -81,16 +88,22 @@ def check_gemm(model: str, n: int, k: int, group: int) -> list[dict]:
         y_ref = reference.epilogue(acc_ref, s_x, t["w.s1_scales"], bias=t["w.bias"], out_dtype=torch.float32,
                                    **per_channel)
         per_group = dict(s2, qsum=qx.sum(dim=1, dtype=torch.int32)) if s2 else {}  # as the quant kernels give it
+        # rows past M of the tiles hold garbage, which the kernels must neither store nor mix in
+        padded = torch.randint(-127, 128, (16, k), dtype=torch.int8, device=DEV) if m <= 16 and k % 32 == 0 else None
+        if padded is not None:
+            padded[:m] = qx
         for variant in variants_for(m):
-            acc = torch.full((m, n), -(2**31), dtype=torch.int32, device=DEV)
-            w4a8_accumulators(qx, t["w.qweight"], out=acc, variant=variant, **per_group)
-            y = torch.full((m, n), float("nan"), dtype=torch.float16, device=DEV)
-            w4a8_gemm(qx, s_x, t["w.qweight"], t["w.s1_scales"], bias=t["w.bias"], out=y, variant=variant,
-                      **per_group, **per_channel)
-            exact = torch.equal(acc.long(), acc_ref)
-            err = rel_err(y, y_ref) if torch.isfinite(y).all() else float("inf")
-            rows.append(dict(model=model, n=n, k=k, group=group, m=m, variant=variant, acc_exact=exact,
-                             rel_err=err, ok=exact and err < 1e-3))
+            for layout in ("rows", "tiles") if takes_tiles(variant, m, group) else ("rows",):
+                a, rows_of = (reference.rows_to_tiles(padded), {"m": m}) if layout == "tiles" else (qx, {})
+                acc = torch.full((m, n), -(2**31), dtype=torch.int32, device=DEV)
+                w4a8_accumulators(a, t["w.qweight"], out=acc, variant=variant, **per_group, **rows_of)
+                y = torch.full((m, n), float("nan"), dtype=torch.float16, device=DEV)
+                w4a8_gemm(a, s_x, t["w.qweight"], t["w.s1_scales"], bias=t["w.bias"], out=y, variant=variant,
+                          **per_group, **per_channel)
+                exact = torch.equal(acc.long(), acc_ref)
+                err = rel_err(y, y_ref) if torch.isfinite(y).all() else float("inf")
+                rows.append(dict(model=model, n=n, k=k, group=group, m=m, variant=variant, layout=layout,
+                                 acc_exact=exact, rel_err=err, ok=exact and err < 1e-3))
     return rows
 
 
@@ -148,9 +161,11 @@ def check_fused() -> list[dict]:
 
 
 def w4a8_calls(m, n, k, group, variant, enable_pdl=True, quantize=False):
-    """One GEMM call per input set, launched as CudaW4A8Linear launches it (enable_pdl); `quantize`: each
-    call first quantizes its fp16 tokens (quant_tokens, the kernel a linear runs just ahead)."""
+    """One GEMM call per input set, launched as CudaW4A8Linear launches it (enable_pdl; activations as tiles
+    where it quantizes them so: takes_tiles); `quantize`: each call first quantizes its fp16 tokens
+    (quant_tokens, the kernel a linear runs just ahead)."""
     sets = n_sets(n * k // 2 + m * k, MAX_SETS)
+    tiles = takes_tiles(variant, m, group)
     calls = []
     for _ in range(sets):
         qw = torch.randint(-128, 128, (n, k // 2), dtype=torch.int8, device=DEV)
@@ -164,15 +179,16 @@ def w4a8_calls(m, n, k, group, variant, enable_pdl=True, quantize=False):
                          qsum=qx.sum(dim=1, dtype=torch.int32))
         if quantize:
             calls.append(lambda x=torch.randn(m, k, device=DEV).half(), qw=qw, s1=s1, e=extra:
-                         _quantized_gemm(x, qw, s1, group, variant, enable_pdl, e))
+                         _quantized_gemm(x, qw, s1, group, variant, enable_pdl, e, tiles))
         else:
-            calls.append(lambda qx=qx, s_x=s_x, qw=qw, s1=s1, e=extra:
-                         w4a8_gemm(qx, s_x, qw, s1, variant=variant, enable_pdl=enable_pdl, **e))
+            a = reference.rows_to_tiles(qx) if tiles else qx
+            calls.append(lambda a=a, s_x=s_x, qw=qw, s1=s1, e=extra:
+                         w4a8_gemm(a, s_x, qw, s1, variant=variant, enable_pdl=enable_pdl, **e))
     return calls
 
 
-def _quantized_gemm(x, qw, s1, group, variant, enable_pdl, terms):
-    qx, s_x, sums = quant_kernels.quant_tokens(x, sums="inputs" if group == -1 else "codes")
+def _quantized_gemm(x, qw, s1, group, variant, enable_pdl, terms, tiles):
+    qx, s_x, sums = quant_kernels.quant_tokens(x, sums="inputs" if group == -1 else "codes", tiles=tiles)
     terms = dict(terms, **({"xsum": sums} if group == -1 else {"qsum": sums}))
     return w4a8_gemm(qx, s_x, qw, s1, variant=variant, enable_pdl=enable_pdl, **terms)
 

@@ -4,6 +4,11 @@ qweight tiles are the mma.m16n8k32 B fragments the kernels read).
 Per group (§3.1): Y = s_x · s1 · Σ_k qx·(q·s2 + s2_zeros); per channel (§3.2): Y = s_x · s · Σ_k qx·q − z·Σx.
 Per group the wgmma and GEMV kernels multiply the biased u8 weights W8 + 128 and take 128·Σ_k qx off again:
 the per-token code sums `qsum`, which the fused quantization kernels emit (sums="codes").
+
+The activations qx come as rows, int8 [M, K], or, for the 16-warp GEMVs at M <= 16, as A-fragment tiles,
+int8 [K/32, 32, 16] (reference.rows_to_tiles), which those kernels read straight into registers instead of
+staging rows in shared memory; the quantization kernels write either (tiles=True), and `tiles_for` says
+which layout a GEMM of M tokens takes.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import torch
 
 from qoq.runtime_cuda.build import load_extension
 from qoq.runtime_cuda.devices import same_device
+from qoq.runtime_cuda.reference import TILE_ROWS, tiles_to_rows
 
 SOURCES = ("gemm_w4a8.cu", "quant_act.cu", "gemm_bindings.cpp")
 # The kernels: split-K GEMVs (M <= 64; 8 or 16 warps per 32 columns; at M <= 16 the activations are
@@ -32,9 +38,19 @@ VARIANTS = {"gemv": 1, "gemv16": 6, "gemv16p": 11, "tiled64": 2, "tiled128": 3, 
 GEMV_MAX_M = 64
 GEMVP_MAX_M = 16  # the persistent GEMV stages at most 16 activation rows
 GEMVP_MAX_WEIGHT_BYTES = 1 << 32  # and addresses its packed weights (N * K / 2 bytes) with 32-bit offsets
-HOPPER_SMEM_OPTIN = 227 * 1024  # shared memory one block may opt into on sm_90
 # the kernels that take the code sums per group (biased u8 weights)
 BIASED_IDS = {i for v, i in VARIANTS.items() if v.startswith(("wg", "gemv"))}
+TILED_VARIANTS = ("gemv16", "gemv16p")  # the kernels that read A-fragment tiles
+
+
+def tiles_for(m: int, group: int) -> bool:
+    """Whether a GEMM of m tokens (auto_variant's pick) reads its activations as A-fragment tiles: at every
+    M <= 16 the GEMVs are compiled for. At M = 16 tiles took the 16-warp GEMVs to 0.77-0.84x the time of
+    staged rows as programmatic dependents (bench/results/ab_h200/ab_gemv16_tiled_*.json,
+    ab_gemv16p_tiled_*.json), under M = 1's staged time (qkv_proj g128: 8.99 us at M = 16 against 10.25 at
+    M = 1 when tiles began at M = 9: bench/results/probes_h200/gemm_h200_tiles_from_m9.json). Tiles of fewer
+    rows carry all 16 rows' bytes, and so cost what M = 16 costs (8.52 us at M = 1 in gemm_h200.json)."""
+    return m <= TILE_ROWS and group in (-1, 64, 128)
 
 
 def extension():
@@ -63,38 +79,17 @@ def _multiprocessors(device: torch.device) -> int:
 def auto_variant(m: int, n: int, k: int, group: int, multiprocessors: int, hopper: bool = False,
                  pdl: bool = False) -> str:
     """Kernel for an [M, K] x [K, N] product (chosen from bench/gemm_h200.py's variant sweep); `pdl`: launched
-    as a programmatic dependent (w4a8_gemm's enable_pdl, Hopper)."""
+    as a programmatic dependent (w4a8_gemm's enable_pdl, Hopper). Where tiles_for(m, group), one that reads
+    tiles."""
     gemv_ok = group in (-1, 64, 128)  # the GEMV kernels are compiled for these group sizes
     gemvp_ok = gemv_ok and n * k // 2 < GEMVP_MAX_WEIGHT_BYTES
-    # Per channel from M = 9, one wave, as programmatic dependents: the persistent GEMV where its rows fit
-    # shared memory (down_proj M=16 10.01 vs gemv16's 10.65 us, o_proj level at 5.40; 10.16 vs 10.52 in the
-    # run before, 10.21 vs 10.66 in bench/results/probes_h200/gemvp_grid_probe.json).
-    if (gemvp_ok and group == -1 and 8 < m <= GEMVP_MAX_M and n // 32 <= multiprocessors and pdl and hopper
-            and _gemvp_rows_fit(m, k)):
-        return "gemv16p"
-    # One wave of 32-column blocks: 16 warps each keep more loads in flight where the blocks are long, and
-    # for a single token (o_proj g128 M=1 5.16 vs 5.68 us; at M=16 the 8-warp GEMV, 6.07 vs 6.32). As
-    # programmatic dependents, at every M <= 16 (o_proj g128 M=16 5.35 vs 6.57).
-    if gemv_ok and m <= 16 and n // 32 <= multiprocessors and (k >= 8192 or m == 1 or (pdl and hopper)):
-        return "gemv16"
-    # Several 32-column blocks per SM, spread evenly (>= 95% of the SMs busy in the last round; qkv_proj:
-    # 384 over 132 SMs): the persistent GEMV stages the rows once per SM (qkv g128 M=16 11.4 vs 12.6 us).
-    # Where the last round is partly filled (gate_up_proj's 688 leave the sixth 21% full) it still wins
-    # from M = 16 (per channel 17.0 vs 18.3 us; g128 19.0 vs 19.4, 17.7 with its unchecked runs), not at
-    # M = 4, 8 (bench/results/ab_h200/ab_gemv_gate_up.json), except per group 128 as programmatic dependents
-    # since its second run goes out before the rows' wait (M=4 15.97 vs 16.56 us, M=8 16.06 vs 17.37; per
-    # channel the 8-warp GEMV, 15.30 vs 15.98: ab_gemv_gate_up_second_run_early.json). Per group below M = 4
-    # its unchecked runs win as programmatic dependents in the even grid (qkv g128 M=1 10.23 vs 10.74 us) and,
-    # at g128 since its 32-bit offsets (6b171e4), in gate_up_proj's (15.31 vs 15.61); per channel there the 8-warp
-    # GEMV, whose grid over one wave lets the next kernel fill its last wave's gaps, wins (13.95 vs 15.36).
-    per_sm = -(-(n // 32) // multiprocessors)
-    even = n // 32 >= 0.95 * per_sm * multiprocessors
-    if gemvp_ok and 4 <= m <= GEMVP_MAX_M and per_sm > 1 and (even or m > 8 or (group == 128 and pdl and hopper)):
-        return "gemv16p"
-    if gemvp_ok and group != -1 and m < 4 and per_sm > 1 and (even or group == 128) and pdl and hopper:
-        return "gemv16p"
-    if gemv_ok and m <= 16:
-        return "gemv"
+    if tiles_for(m, group):
+        # M <= 16, tiled activations. Over one wave of 32-column blocks the persistent GEMV, which has no
+        # partly filled last wave (qkv_proj g128 M=16 8.99 us against 11.71 for gemv16); in one wave gemv16
+        # (o_proj g128 4.09 against 4.23), but per group at long K the persistent one (down_proj g128 8.10
+        # against 8.79).
+        long_k = group != -1 and k >= 8192
+        return "gemv16p" if gemvp_ok and (n // 32 > multiprocessors or long_k) else "gemv16"
     if hopper:  # from M = 17 (H200, M = 32: o_proj g128 9.9 vs 10.1 us for the GEMV, qkv_proj 16.4 vs 26.5)
         # but as programmatic dependents a one-wave GEMV per group still wins at M = 32 (o_proj g128 8.7 vs
         # 9.5 us for wg64x64k2; per channel wg64x64k2 7.6 vs 9.9)
@@ -109,12 +104,6 @@ def auto_variant(m: int, n: int, k: int, group: int, multiprocessors: int, hoppe
     if blocks128 >= 1.9 * multiprocessors:
         return "tiled128" if group == -1 else "tiled128w"
     return "tiled64w"
-
-
-def _gemvp_rows_fit(m: int, k: int) -> bool:
-    """The persistent GEMV's shared memory (csrc gemvp_smem_bytes: header, [M][K + 16] rows, two column-sum
-    buffers) within a Hopper block's opt-in; beyond it the kernel hands over to the 8-warp GEMV."""
-    return 32 + m * (k + 16) + 2 * 16 * 32 * 4 <= HOPPER_SMEM_OPTIN
 
 
 def _wgmma_variant(m: int, n: int, k: int, group: int, multiprocessors: int) -> str:
@@ -152,12 +141,17 @@ def _wgmma_variant(m: int, n: int, k: int, group: int, multiprocessors: int) -> 
     return "wg64x64k2"
 
 
-def _variant_id(variant: str, qx: torch.Tensor, n: int, group: int, pdl: bool = False) -> int:
-    m, k = qx.shape
+def _variant_id(variant: str, qx: torch.Tensor, m: int, n: int, k: int, group: int, pdl: bool = False) -> int:
+    tiled = qx.dim() == 3
     if variant == "auto":
         variant = auto_variant(m, n, k, group, _multiprocessors(qx.device), is_hopper(qx.device), pdl)
+        if tiled and variant not in TILED_VARIANTS:
+            variant = "gemv16"  # tiles given where auto_variant takes rows: the kernel that reads them
     if variant not in VARIANTS:
         raise ValueError(f"unknown GEMM variant {variant!r}; choose 'auto' or one of {sorted(VARIANTS)}")
+    if tiled and variant not in TILED_VARIANTS:
+        raise ValueError(f"the {variant} variant reads qx as rows [M, K]; tiled qx goes to "
+                         f"{' or '.join(TILED_VARIANTS)}")
     if variant.startswith("gemv") and (m > GEMV_MAX_M or group not in (-1, 64, 128)):
         raise ValueError(f"the {variant} variant handles M <= {GEMV_MAX_M} and groups of 64 or 128, "
                          f"got M={m}, group={group}")
@@ -171,14 +165,16 @@ def _variant_id(variant: str, qx: torch.Tensor, n: int, group: int, pdl: bool = 
     return VARIANTS[variant]
 
 
-def _code_sums(qx: torch.Tensor, qsum: torch.Tensor | None, variant_id: int, group: int) -> torch.Tensor | None:
+def _code_sums(qx: torch.Tensor, m: int, qsum: torch.Tensor | None, variant_id: int,
+               group: int) -> torch.Tensor | None:
     """The int32 [M] code sums a per-group wgmma or GEMV kernel needs: `qsum` as given, or summed here (one
     more kernel) when the caller has none; None where the kernel does not read them."""
     if group == -1 or variant_id not in BIASED_IDS:
         return None
     if qsum is None:
-        return qx.sum(dim=1, dtype=torch.int32)
-    _require(qsum, "qsum", torch.int32, (qx.shape[0],), qx)
+        rows = tiles_to_rows(qx, m) if qx.dim() == 3 else qx
+        return rows.sum(dim=1, dtype=torch.int32)
+    _require(qsum, "qsum", torch.int32, (m,), qx)
     return qsum
 
 
@@ -195,32 +191,42 @@ def _require(t: torch.Tensor, name: str, dtype: torch.dtype, shape: tuple, qx: t
         raise ValueError(f"{name} must be contiguous and 16-byte aligned")
 
 
-def _operands(qx: torch.Tensor, qweight: torch.Tensor, s2_scales, s2_zeros) -> tuple[torch.Tensor, int]:
-    """Checks qx, qweight and the per-group tables; returns qweight as int8 and the group size (-1: none).
+def _operands(qx: torch.Tensor, qweight: torch.Tensor, s2_scales, s2_zeros,
+              m: int | None = None) -> tuple[torch.Tensor, int, int]:
+    """Checks qx (rows [M, K], or with `m` tiles [K/32, 32, 16]), qweight and the per-group tables; returns
+    qweight as int8, the group size (-1: none) and M.
 
     These Python checks are the ones that raise: on the device, a problem the extension itself found
     and returned as text still crashed the process (see csrc/gemm_bindings.cpp)."""
-    if qx.dim() != 2 or qx.dtype != torch.int8 or qweight.dim() != 2 or qweight.element_size() != 1:
-        raise ValueError(f"need qx int8 [M, K] and qweight int8 [N, K/2], got {qx.dtype} {tuple(qx.shape)} "
-                         f"and {qweight.dtype} {tuple(qweight.shape)}")
-    (m, k), n = qx.shape, qweight.shape[0]
-    if qweight.shape[1] * 2 != k:
-        raise ValueError(f"qweight {tuple(qweight.shape)} does not match K={k} of qx")
+    tiled = qx.dim() == 3
+    if qx.dim() not in (2, 3) or qx.dtype != torch.int8 or qweight.dim() != 2 or qweight.element_size() != 1:
+        raise ValueError(f"need qx int8 [M, K] (or tiles [K/32, 32, 16]) and qweight int8 [N, K/2], got {qx.dtype} "
+                         f"{tuple(qx.shape)} and {qweight.dtype} {tuple(qweight.shape)}")
+    n, k = qweight.shape[0], qweight.shape[1] * 2
+    if tiled:
+        if m is None or not 1 <= m <= TILE_ROWS:
+            raise ValueError(f"tiled qx needs its row count M (1..{TILE_ROWS}), got {m}")
+        _require(qx, "qx", torch.int8, (k // 32, 32, 16))
+    else:
+        m = qx.shape[0]
+        if qx.shape[1] != k:
+            raise ValueError(f"qweight {tuple(qweight.shape)} does not match K={qx.shape[1]} of qx")
     if k % 32 or n % 32 or k == 0:
         raise ValueError(f"N and K must be multiples of 32 (K > 0), got N={n}, K={k}")
     qweight = qweight.view(torch.int8)
-    _require(qx, "qx", torch.int8, (m, k))
+    if not tiled:
+        _require(qx, "qx", torch.int8, (m, k))
     _require(qweight, "qweight", torch.int8, (n, k // 2), qx)
     if (s2_scales is None) != (s2_zeros is None):
         raise ValueError("per-group weights need both s2_scales and s2_zeros")
     if s2_scales is None:
-        return qweight, -1
+        return qweight, -1, m
     groups = s2_scales.shape[0] if s2_scales.dim() == 2 else 0
     if groups == 0 or k % groups or (k // groups) % 64:
         raise ValueError(f"s2_scales must be [K/g, {n}] with g a multiple of 64, got {list(s2_scales.shape)}")
     _require(s2_scales, "s2_scales", torch.int8, (groups, n), qx)
     _require(s2_zeros, "s2_zeros", torch.int8, (groups, n), qx)
-    return qweight, k // groups
+    return qweight, k // groups, m
 
 
 def _check_scheme(s2_scales, s1_szeros, xsum) -> None:
@@ -233,7 +239,7 @@ def _check_scheme(s2_scales, s1_szeros, xsum) -> None:
 
 
 def w4a8_gemm(
-    qx: torch.Tensor,  # int8 [M, K]
+    qx: torch.Tensor,  # int8 [M, K], or A-fragment tiles [K/32, 32, 16] of M = len(s_x) rows
     s_x: torch.Tensor,  # fp16 [M] or [M, 1]
     qweight: torch.Tensor,  # int8 [N, K/2], packed
     s1_scales: torch.Tensor,  # fp16 [N]
@@ -254,20 +260,20 @@ def w4a8_gemm(
     ahead in the stream, so that this launch and its first weight loads overlap that kernel's end. The
     weights and scales are read before that kernel has finished, so it must not be one that writes them
     (CudaW4A8Linear sets it: the kernel ahead is its activation quantization)."""
-    qweight, group = _operands(qx, qweight, s2_scales, s2_zeros)
-    _check_scheme(s2_scales, s1_szeros, xsum)
-    (m, _), n = qx.shape, qweight.shape[0]
     s_x = s_x.reshape(-1)
+    qweight, group, m = _operands(qx, qweight, s2_scales, s2_zeros, s_x.numel() if qx.dim() == 3 else None)
+    _check_scheme(s2_scales, s1_szeros, xsum)
+    n, k = qweight.shape[0], qweight.shape[1] * 2
     vectors = [(s_x, "s_x", torch.float16, (m,)), (s1_scales, "s1_scales", torch.float16, (n,)),
                (s1_szeros, "s1_szeros", torch.float16, (n,)), (xsum, "xsum", torch.float32, (m,)),
                (bias, "bias", torch.float16, (n,)), (out, "out", torch.float16, (m, n))]
     for t, name, dtype, shape in vectors:
         if t is not None:
             _require(t, name, dtype, shape, qx)
-    variant_id = _variant_id(variant, qx, n, group, enable_pdl)
-    qsum = _code_sums(qx, qsum, variant_id, group)
+    variant_id = _variant_id(variant, qx, m, n, k, group, enable_pdl)
+    qsum = _code_sums(qx, m, qsum, variant_id, group)
     return checked(extension().gemm(qx, s_x, qweight, s1_scales, s2_scales, s2_zeros, s1_szeros, xsum, qsum, bias,
-                                    out, variant_id, enable_pdl))
+                                    out, variant_id, enable_pdl, m if qx.dim() == 3 else 0))
 
 
 def w4a8_accumulators(
@@ -279,11 +285,14 @@ def w4a8_accumulators(
     qsum: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     variant: str = "auto",
+    m: int | None = None,  # rows of a tiled qx
 ) -> torch.Tensor:
     """Debug entry: the kernel's raw int32 accumulators Σ_k qx·W8 (W8 = q per channel) [M, N]."""
-    qweight, group = _operands(qx, qweight, s2_scales, s2_zeros)
+    qweight, group, m = _operands(qx, qweight, s2_scales, s2_zeros, m)
+    n, k = qweight.shape[0], qweight.shape[1] * 2
     if out is not None:
-        _require(out, "out", torch.int32, (qx.shape[0], qweight.shape[0]), qx)
-    variant_id = _variant_id(variant, qx, qweight.shape[0], group)
-    qsum = _code_sums(qx, qsum, variant_id, group)
-    return checked(extension().gemm_accumulators(qx, qweight, s2_scales, s2_zeros, qsum, out, variant_id))
+        _require(out, "out", torch.int32, (m, n), qx)
+    variant_id = _variant_id(variant, qx, m, n, k, group)
+    qsum = _code_sums(qx, m, qsum, variant_id, group)
+    return checked(extension().gemm_accumulators(qx, qweight, s2_scales, s2_zeros, qsum, out, variant_id,
+                                                 m if qx.dim() == 3 else 0))

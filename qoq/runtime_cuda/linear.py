@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from qoq.runtime_cuda.gemm import w4a8_gemm
+from qoq.runtime_cuda.gemm import tiles_for, w4a8_gemm
 from qoq.runtime_cuda.quant_kernels import quant_tokens
 
 
@@ -70,8 +70,9 @@ class CudaW4A8Linear(nn.Module):
         return "inputs" if self.per_channel else "codes"
 
     def forward_quantized(self, qx: torch.Tensor, s_x: torch.Tensor, sums: torch.Tensor | None) -> torch.Tensor:
-        """GEMM of already quantized tokens: qx int8 [M, K], s_x fp16 [M, 1] and the `self.sums` of the
-        quantization kernel [M] (fp32 input sums per channel; int32 code sums per group, or None) -> [M, N].
+        """GEMM of already quantized tokens: qx int8 [M, K] (or A-fragment tiles [K/32, 32, 16] where
+        gemm.tiles_for(M, self.group_size)), s_x fp16 [M, 1] and the `self.sums` of the quantization kernel
+        [M] (fp32 input sums per channel; int32 code sums per group, or None) -> [M, N].
 
         On Hopper the GEMM starts (and loads its first weights) while the kernel just ahead of it ends
         (w4a8_gemm's enable_pdl), so that kernel must not write this module's weights: in `forward` it is
@@ -87,7 +88,9 @@ class CudaW4A8Linear(nn.Module):
         if x.shape[-1] != self.in_features:
             raise ValueError(f"expected input [..., {self.in_features}], got {tuple(x.shape)}")
         lead = x.shape[:-1]
-        qx, s_x, sums = quant_tokens(x.reshape(-1, self.in_features).half(), sums=self.sums)
+        rows = x.reshape(-1, self.in_features).half()
+        tiles = tiles_for(rows.shape[0], self.group_size)  # the layout the GEMM auto_variant picks reads
+        qx, s_x, sums = quant_tokens(rows, sums=self.sums, tiles=tiles)
         return self.forward_quantized(qx, s_x, sums).reshape(*lead, self.out_features)
 
     def extra_repr(self) -> str:

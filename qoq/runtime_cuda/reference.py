@@ -1,6 +1,7 @@
 """Pure-torch references with exactly the contracts of the CUDA kernels (CPU or GPU).
 
-GEMM: from the packed artifact tensors of DESIGN §4, exact integer accumulation, fp32 epilogue.
+GEMM: from the packed artifact tensors of DESIGN §4, exact integer accumulation, fp32 epilogue; the
+activations as rows [M, K] or, for the 16-warp GEMVs, as A-fragment tiles (rows_to_tiles).
 Fused quantizers: the fp16 GEMM input (x, RMSNorm(x) or silu(gate)*up) quantized per token (§3.3),
 plus, when asked, the per-token sums of that fp16 input ("inputs") or of the codes ("codes").
 """
@@ -79,6 +80,32 @@ def reference_gemm(
         raise ValueError("give s2_scales/s2_zeros (per group) or s1_szeros with xsum (per channel)")
     acc = reference_accumulators(qx, qweight, s2_scales=s2_scales, s2_zeros=s2_zeros)  # [M, N]
     return epilogue(acc, s_x, s1_scales, s1_szeros=s1_szeros, xsum=xsum, bias=bias, out_dtype=out_dtype)
+
+
+TILE_ROWS = 16  # rows of an A-fragment tile: the mma.m16n8k32 A operand
+
+
+def rows_to_tiles(qx: torch.Tensor) -> torch.Tensor:
+    """int8 [M <= 16, K] -> A-fragment tiles [K/32, 32, 16] (csrc/gemm_w4a8_params.h GemmParams::tiled):
+    per 32 k, lane l = 4g + t holds the words row g at k 4t..4t+3, row g + 8 there, row g at k 16+4t..19+4t,
+    row g + 8 there, so one 16-byte load a lane gives a warp the whole mma A operand. Rows M..15 are zero
+    here; the GEMM never stores them, so the quantization kernels leave them as they are."""
+    m, k = qx.shape
+    if m > TILE_ROWS or k % 32:
+        raise ValueError(f"tiles hold at most {TILE_ROWS} rows of K a multiple of 32, got {m} x {k}")
+    rows = torch.zeros(TILE_ROWS, k, dtype=qx.dtype, device=qx.device)
+    rows[:m] = qx
+    # row = 8 r8 + g, k = 32 tile + 16 h + 4 t + byte  ->  [tile][g][t][h][r8][byte]
+    return rows.view(2, 8, k // 32, 2, 4, 4).permute(2, 1, 4, 3, 0, 5).reshape(k // 32, 32, 16)
+
+
+def tiles_to_rows(tiles: torch.Tensor, m: int) -> torch.Tensor:
+    """rows_to_tiles undone: the first m rows [m, K] of A-fragment tiles [K/32, 32, 16]."""
+    if tiles.dim() != 3 or tuple(tiles.shape[1:]) != (32, 16) or not 0 <= m <= TILE_ROWS:
+        raise ValueError(f"need tiles [K/32, 32, 16] and m <= {TILE_ROWS}, got {tuple(tiles.shape)} and m={m}")
+    k_tiles = tiles.shape[0]
+    rows = tiles.reshape(k_tiles, 8, 4, 2, 2, 4).permute(4, 1, 0, 3, 2, 5).reshape(TILE_ROWS, k_tiles * 32)
+    return rows[:m]
 
 
 ROW_SUMS = (None, "inputs", "codes")  # the `sums` choices; index = csrc/quant_act.cuh's RowSums

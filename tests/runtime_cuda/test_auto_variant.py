@@ -8,7 +8,7 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from qoq.runtime_cuda.gemm import VARIANTS, auto_variant
+from qoq.runtime_cuda.gemm import VARIANTS, auto_variant, tiles_for
 
 SWEEP = Path(__file__).resolve().parents[2] / "bench" / "results" / "gemm_h200.json"
 
@@ -46,18 +46,17 @@ def test_the_persistent_gemv_is_not_picked_for_weights_of_4_gib():
         assert auto_variant(m, *large, 128, 132, True, pdl) != "gemv16p"
 
 
-def test_per_channel_one_wave_m16_takes_the_persistent_gemv_only_where_its_rows_fit():
-    # down_proj's [16][11008 + 16] rows fit a Hopper block's shared memory; Llama-3's K = 14336 does not,
-    # where the persistent kernel would hand over to the 8-warp GEMV instead of the timed one
-    assert auto_variant(16, 4096, 11008, -1, 132, True, True) == "gemv16p"
-    assert auto_variant(16, 4096, 14336, -1, 132, True, True) == "gemv16"
-    assert auto_variant(16, 4096, 11008, 128, 132, True, True) == "gemv16"  # per group gemv16 stays faster
-    assert auto_variant(8, 4096, 11008, -1, 132, True, True) == "gemv16"  # untimed below M = 9
-
-
-def test_gate_up_proj_from_m4_takes_the_persistent_gemv_per_group_128_as_dependents():
-    # timed at M = 4 and 8 only as programmatic dependents (bench/results/ab_h200/ab_gemv_gate_up_second_run_early.json)
-    for m in (4, 8):
-        assert auto_variant(m, 22016, 4096, 128, 132, True, pdl=True) == "gemv16p"
-        assert auto_variant(m, 22016, 4096, -1, 132, True, pdl=True) == "gemv"
-        assert auto_variant(m, 22016, 4096, 128, 132, True, pdl=False) == "gemv"
+def test_tiled_activations_go_to_the_16_warp_gemvs():
+    # at M <= 16 the activations come as A-fragment tiles: gemv16 in one wave of 32-column blocks (but the
+    # persistent GEMV per group at long K), the persistent GEMV over one wave where its 32-bit weight offsets
+    # reach; per group 64/128 and per channel
+    for m in (1, 4, 9, 16):
+        assert tiles_for(m, 128) and tiles_for(m, -1) and tiles_for(m, 64)
+        for group in (128, 64, -1):
+            for pdl in (False, True):
+                assert auto_variant(m, 4096, 4096, group, 132, True, pdl) == "gemv16"
+                assert auto_variant(m, 4096, 11008, group, 132, True, pdl) == ("gemv16" if group == -1 else "gemv16p")
+                assert auto_variant(m, 12288, 4096, group, 132, True, pdl) == "gemv16p"
+                assert auto_variant(m, 262144, 32768, group, 132, True, pdl) == "gemv16"
+    assert not tiles_for(17, 128) and not tiles_for(16, 256)
+    assert auto_variant(16, 4096, 4096, 256, 132, True, True).startswith("wg")  # no GEMV for groups of 256

@@ -6,7 +6,7 @@ import torch
 from qoq.quant.linear import IntegerLinear, export_linear
 from qoq.quant.weights import quantize_weight
 from qoq.runtime_cuda import quant_kernels
-from qoq.runtime_cuda.gemm import VARIANTS, is_hopper, w4a8_accumulators, w4a8_gemm
+from qoq.runtime_cuda.gemm import TILED_VARIANTS, VARIANTS, is_hopper, w4a8_accumulators, w4a8_gemm
 from qoq.runtime_cuda.linear import CudaW4A8Linear
 from qoq.runtime_cuda.reference import (
     reference_accumulators,
@@ -14,6 +14,8 @@ from qoq.runtime_cuda.reference import (
     reference_quant,
     reference_rmsnorm_quant,
     reference_silu_mul_quant,
+    rows_to_tiles,
+    tiles_to_rows,
 )
 
 pytestmark = pytest.mark.cuda
@@ -140,6 +142,33 @@ def test_persistent_gemv_exact_over_column_blocks_and_repeats():
     assert not failures, failures
 
 
+def test_tiled_gemvs_exact_and_bit_equal_to_staged_rows():
+    """A-fragment tiles whose rows past M hold garbage (never to be stored or mixed in): the 16-warp GEMVs'
+    accumulators exact and their fp16 outputs bit-equal to the 8-warp GEMV's over staged rows, at M = 1..16,
+    in one wave and over several column blocks a block (gemv16p), with K tails of runs."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    failures = []
+    for group_size, n, k in ((128, 96, 384), (64, 160, 192), (-1, 96, 288), (128, 32 * (3 * sms + 5), 1024),
+                             (-1, 32 * (2 * sms + 3), 544), (128, 4096, 11008)):
+        t = _artifact(n, k, group_size, seed=n + k)
+        s2 = {a: v for a, v in _gemm_args(t).items() if a.startswith("s2")}
+        for m in (1, 5, 13, 16):
+            padded = torch.randint(-127, 128, (16, k), dtype=torch.int8, device=DEV)
+            qx, tiles = padded[:m].contiguous(), rows_to_tiles(padded)
+            s_x, xsum = torch.rand(m, 1, device=DEV).half(), torch.randn(m, device=DEV)
+            args = dict(_gemm_args(t), xsum=xsum if group_size == -1 else None)
+            acc_ref = reference_accumulators(qx, t["w.qweight"], **s2)
+            y_rows = w4a8_gemm(qx, s_x, t["w.qweight"], t["w.s1_scales"], variant="gemv", **args)
+            for variant in TILED_VARIANTS:
+                acc = torch.full((m, n), -(2**31), dtype=torch.int32, device=DEV)
+                w4a8_accumulators(tiles, t["w.qweight"], out=acc, variant=variant, m=m, **s2)
+                y = w4a8_gemm(tiles, s_x, t["w.qweight"], t["w.s1_scales"], variant=variant, **args)
+                bad, bad_out = int((acc.long() != acc_ref).sum()), int((y != y_rows).sum())
+                if bad or bad_out:
+                    failures.append((group_size, n, k, m, variant, bad, bad_out))
+    assert not failures, failures
+
+
 @pytest.mark.skipif(not WGMMA, reason="the wgmma kernels run on Hopper only")
 @pytest.mark.parametrize("group_size", [128, -1])
 def test_wgmma_accumulators_exact_over_repeats(group_size):
@@ -164,8 +193,9 @@ def test_wgmma_accumulators_exact_over_repeats(group_size):
 @pytest.mark.parametrize("group_size", [128, -1])
 def test_pdl_gemm_reads_the_activations_of_the_quantization_just_ahead(group_size):
     """enable_pdl: each GEMM starts while the quantization kernel ahead of it runs (that kernel lets its
-    dependents launch at once) and loads weights early; the fresh codes only after the wait. Six
-    quantize -> GEMM pairs queued with no sync between give what the plain launches give."""
+    dependents launch at once) and loads weights early; the fresh codes only after the wait (the 16-warp
+    GEMVs both as staged rows and as tiles read straight into registers). Six quantize -> GEMM pairs queued
+    with no sync between give what the plain launches give."""
     sums = "inputs" if group_size == -1 else "codes"
     # 264 column blocks: gemv16p's blocks take two each, one wave of the 8-warp GEMV; 384: the staged
     # GEMVs' grids over one wave, which let the next kernel launch before their own wait
@@ -177,19 +207,20 @@ def test_pdl_gemm_reads_the_activations_of_the_quantization_just_ahead(group_siz
         t = artifacts[n]
         xs = [torch.randn(m, k, device=DEV).half() for _ in range(6)]
 
-        def pairs(pdl: bool) -> list[torch.Tensor]:
+        def pairs(pdl: bool, tiles: bool) -> list[torch.Tensor]:
             ys = []
             for x in xs:
-                qx, s_x, token_sums = quant_kernels.quant_tokens(x, sums=sums)
+                qx, s_x, token_sums = quant_kernels.quant_tokens(x, sums=sums, tiles=tiles)
                 per_token = {"xsum": token_sums} if group_size == -1 else {"qsum": token_sums}
                 ys.append(w4a8_gemm(qx, s_x, t["w.qweight"], t["w.s1_scales"], variant=variant, enable_pdl=pdl,
                                     **_gemm_args(t), **per_token))
             return ys
 
-        with_pdl = pairs(True)
-        torch.cuda.synchronize()
-        for y, y_plain in zip(with_pdl, pairs(False)):
-            assert torch.equal(y, y_plain), (n, variant, m)
+        for tiles in (False, True) if variant in TILED_VARIANTS else (False,):
+            with_pdl = pairs(True, tiles)
+            torch.cuda.synchronize()
+            for y, y_plain in zip(with_pdl, pairs(False, tiles)):
+                assert torch.equal(y, y_plain), (n, variant, m, tiles)
 
 
 def test_gemm_rejects_bad_shapes():
@@ -221,6 +252,13 @@ def test_bad_arguments_raise_before_reaching_the_extension():
         w4a8_accumulators(torch.zeros(65, 256, dtype=torch.int8, device=DEV), t["w.qweight"], variant="gemv", **s2)
     with pytest.raises(ValueError, match="multiple of 8"):
         quant_kernels.quant_tokens(torch.zeros(2, 12, dtype=torch.float16, device=DEV))
+    tiles = rows_to_tiles(torch.zeros(12, 256, dtype=torch.int8, device=DEV))
+    with pytest.raises(ValueError, match="the gemv variant reads qx as rows"):
+        w4a8_accumulators(tiles, t["w.qweight"], variant="gemv", m=12, **s2)
+    with pytest.raises(ValueError, match="tiled qx needs its row count"):
+        w4a8_accumulators(tiles, t["w.qweight"], variant="gemv16", **s2)
+    with pytest.raises(ValueError, match="at most 16 tokens"):
+        quant_kernels.quant_tokens(torch.zeros(17, 256, dtype=torch.float16, device=DEV), tiles=True)
 
 
 def _codes_match(q: torch.Tensor, q_ref: torch.Tensor) -> None:
@@ -255,6 +293,21 @@ def test_rmsnorm_quant():
                  lambda sums: reference_rmsnorm_quant(x, w, 1e-5, sums))
 
 
+def test_quantizers_write_tiles():
+    """tiles=True: the same codes, scales and sums as rows, in A-fragment tiles."""
+    x, w = (torch.randn(16, 1024, device=DEV) * 2).half(), (torch.rand(1024, device=DEV) + 0.5).half()
+    gate, up = (torch.randn(2, 6, 768, device=DEV) * 3).half().unbind(0)
+    runs = [lambda tiles, sums, x=x[:t]: quant_kernels.quant_tokens(x, sums, tiles=tiles) for t in (1, 9, 16)]
+    runs += [lambda tiles, sums: quant_kernels.rmsnorm_quant(x[:13], w, 1e-5, sums, tiles=tiles),
+             lambda tiles, sums: quant_kernels.silu_mul_quant(gate, up, sums, tiles=tiles)]
+    for run in runs:
+        for sums in ("inputs", "codes"):
+            (q, s, xs), (q_tiles, s_tiles, xs_tiles) = run(False, sums), run(True, sums)
+            assert q_tiles.shape == (q.shape[1] // 32, 32, 16)
+            assert torch.equal(tiles_to_rows(q_tiles, q.shape[0]), q)
+            assert torch.equal(s_tiles, s) and torch.equal(xs_tiles, xs)
+
+
 def test_silu_mul_quant_on_the_halves_of_a_gate_up_output():
     gate_up = (torch.randn(2, 9, 2 * 768, device=DEV) * 3).half()
     gate, up = gate_up[..., :768], gate_up[..., 768:]  # strided views
@@ -263,10 +316,11 @@ def test_silu_mul_quant_on_the_halves_of_a_gate_up_output():
 
 
 @pytest.mark.parametrize("group_size", [128, -1])
-def test_cuda_linear_matches_integer_linear(group_size):
+@pytest.mark.parametrize("lead", [(2, 19), (1, 12)])  # 12 tokens: quantized to tiles for the 16-warp GEMV
+def test_cuda_linear_matches_integer_linear(group_size, lead):
     t = _artifact(128, 512, group_size, seed=7)
     lin, ref = CudaW4A8Linear.from_tensors(t, "w"), IntegerLinear.from_tensors(t, "w")
-    x = torch.randn(2, 19, 512, device=DEV).half()
+    x = torch.randn(*lead, 512, device=DEV).half()
     y = lin(x)
-    assert y.shape == (2, 19, 128) and y.dtype == torch.float16
+    assert y.shape == (*lead, 128) and y.dtype == torch.float16
     assert _rel(y, ref(x)) < 1e-3

@@ -16,6 +16,8 @@ from qoq.runtime_cuda.reference import (
     reference_quant,
     reference_rmsnorm_quant,
     reference_silu_mul_quant,
+    rows_to_tiles,
+    tiles_to_rows,
 )
 
 N, K, M = 64, 256, 5
@@ -92,6 +94,39 @@ def test_gemm_checks_operands_in_python_before_building_the_extension():
     qx, s_x, _ = reference_quant(torch.randn(M, K).half())
     with pytest.raises(ValueError, match="qx must be a CUDA"):
         w4a8_gemm(qx, s_x, tensors["layer.qweight"], tensors["layer.s1_scales"], **_args(tensors))
+
+
+def test_tiles_place_each_code_in_its_mma_fragment():
+    """rows_to_tiles is the PTX mma.m16n8k32 A-fragment layout: lane 4g + t holds a0..a3 = row g at
+    k 4t..4t+3, row g + 8 there, row g at k 16+4t..19+4t, row g + 8 there (four int8 per 32-bit word)."""
+    m, k = 13, 96
+    qx = torch.randint(-127, 128, (m, k), dtype=torch.int8)
+    tiles = rows_to_tiles(qx)  # [K/32, 32 lanes, 16 bytes]
+    assert tiles.shape == (k // 32, 32, 16)
+    for lane in range(32):
+        g, t = divmod(lane, 4)
+        for word, (row, k_at) in enumerate([(g, 4 * t), (g + 8, 4 * t), (g, 16 + 4 * t), (g + 8, 16 + 4 * t)]):
+            got = tiles[:, lane, 4 * word:4 * word + 4]  # [K/32, 4]
+            want = torch.zeros(k // 32, 4, dtype=torch.int8)
+            if row < m:
+                want = qx[row].view(k // 32, 32)[:, k_at:k_at + 4]
+            assert torch.equal(got, want), (lane, word)
+    assert torch.equal(tiles_to_rows(tiles, m), qx)
+    # the products an mma over the fragments sums are those of qx @ w.T
+    w = torch.randint(-128, 128, (8, k), dtype=torch.int8)
+    a = tiles.view(k // 32, 8, 4, 2, 2, 4)  # [tile, g, t, k half, row half, byte]
+    b = w.view(8, k // 32, 2, 4, 4)  # [n, tile, k half, t, byte]
+    acc = torch.einsum("xgthrb,nxhtb->rgn", a.long(), b.long()).reshape(16, 8)
+    assert torch.equal(acc[:m], qx.long() @ w.long().T) and not acc[m:].any()
+
+
+def test_tiles_reject_what_they_cannot_hold():
+    with pytest.raises(ValueError, match="at most 16 rows"):
+        rows_to_tiles(torch.zeros(17, 64, dtype=torch.int8))
+    with pytest.raises(ValueError, match="multiple of 32"):
+        rows_to_tiles(torch.zeros(4, 48, dtype=torch.int8))
+    with pytest.raises(ValueError, match="need tiles"):
+        tiles_to_rows(torch.zeros(2, 32, 8, dtype=torch.int8), 4)
 
 
 def test_reference_quant_is_quantize_tokens_plus_sum():

@@ -53,15 +53,24 @@ Problem check_devices(const at::Tensor& qx, const at::Tensor& qweight,
 
 const __half* half_ptr(const at::Tensor& t) { return reinterpret_cast<const __half*>(t.data_ptr<at::Half>()); }
 
-// Shapes, dtypes and the per-group / per-channel terms; fills everything of p but the output.
+// Shapes, dtypes and the per-group / per-channel terms; fills everything of p but the output. tile_rows:
+// 0 for qx [M, K]; M (1..16) for qx in A-fragment tiles [K/32, 32, 16] (GemmParams::tiled).
 Problem check_gemm(qoq_gemm::GemmParams& p, const at::Tensor& qx, const Opt& s_x, const at::Tensor& qweight,
                    const Opt& s1, const Opt& s2, const Opt& s2_zeros, const Opt& szero, const Opt& xsum,
-                   const Opt& qsum, const Opt& bias, int64_t variant, bool want_acc) {
+                   const Opt& qsum, const Opt& bias, int64_t variant, bool want_acc, int64_t tile_rows) {
   for (const auto& [t, name] : {std::pair{&qx, "qx"}, std::pair{&qweight, "qweight"}}) {
     if (Problem problem = check_tensor(*t, name, at::kChar); !problem.empty()) return problem;
   }
-  if (qx.dim() != 2 || qweight.dim() != 2) return "qx must be [M, K] and qweight [N, K/2]";
-  const int64_t M = qx.size(0), K = qx.size(1), N = qweight.size(0);
+  const bool tiled = tile_rows != 0;
+  if (qweight.dim() != 2) return "qweight must be [N, K/2]";
+  if (tiled && (qx.dim() != 3 || qx.size(1) != 32 || qx.size(2) != 16))
+    return "tiled qx must be [K/32, 32, 16]";
+  if (!tiled && qx.dim() != 2) return "qx must be [M, K]";
+  if (tiled && (tile_rows < 0 || tile_rows > qoq_gemm::GEMVP_MAX_M))
+    return text("tiled qx holds 1 to ", qoq_gemm::GEMVP_MAX_M, " rows, got ", tile_rows);
+  if (tiled && variant != qoq_gemm::GEMV16 && variant != qoq_gemm::GEMV16P)
+    return "tiled qx is read by the gemv16 and gemv16p variants only";
+  const int64_t M = tiled ? tile_rows : qx.size(0), K = tiled ? qx.size(0) * 32 : qx.size(1), N = qweight.size(0);
   if (qweight.size(1) * 2 != K) return text("qweight [N, K/2] does not match K=", K, " of qx");
   if (N % 32 || K % 32 || K == 0) return text("N and K must be multiples of 32 (K > 0), got N=", N, " K=", K);
   const bool grouped = s2.has_value();
@@ -81,6 +90,7 @@ Problem check_gemm(qoq_gemm::GemmParams& p, const at::Tensor& qx, const Opt& s_x
     return text("the gemv16p variant handles packed weights below 4 GiB, got N=", N, " x K=", K);
 
   p.qx = qx.data_ptr<int8_t>();
+  p.tiled = tiled;
   p.qweight = reinterpret_cast<const uint8_t*>(qweight.data_ptr<int8_t>());
   p.M = static_cast<int>(M), p.N = static_cast<int>(N), p.K = static_cast<int>(K), p.group = 0;
   if (grouped) {
@@ -124,10 +134,11 @@ Problem check_gemm(qoq_gemm::GemmParams& p, const at::Tensor& qx, const Opt& s_x
 // fp16 Y [M, N] (or the int32 accumulators when want_acc), or the problem's text.
 py::object run_gemm(const at::Tensor& qx, const Opt& s_x, const at::Tensor& qweight, const Opt& s1, const Opt& s2,
                     const Opt& s2_zeros, const Opt& szero, const Opt& xsum, const Opt& qsum, const Opt& bias,
-                    const Opt& out, int64_t variant, bool want_acc, bool dependent = false) {
+                    const Opt& out, int64_t variant, bool want_acc, int64_t tile_rows, bool dependent = false) {
   qoq_gemm::GemmParams p{};
   p.dependent = dependent;
-  Problem problem = check_gemm(p, qx, s_x, qweight, s1, s2, s2_zeros, szero, xsum, qsum, bias, variant, want_acc);
+  Problem problem =
+      check_gemm(p, qx, s_x, qweight, s1, s2, s2_zeros, szero, xsum, qsum, bias, variant, want_acc, tile_rows);
   if (problem.empty())
     problem = check_devices(qx, qweight, {{&s_x, "s_x"}, {&s1, "s1_scales"}, {&s2, "s2_scales"}, {&s2_zeros, "s2_zeros"},
                                           {&szero, "s1_szeros"}, {&xsum, "xsum"}, {&qsum, "qsum"}, {&bias, "bias"},
@@ -154,10 +165,14 @@ Problem check_rows(const at::Tensor& t, const char* name) {
 }
 
 // {qx, s_x, sums} of quant_rows, or the problem's text.
-py::object run_quant(qoq_quant::RowOp op, const at::Tensor& x, const at::Tensor& other, double eps, int64_t sums) {
+py::object run_quant(qoq_quant::RowOp op, const at::Tensor& x, const at::Tensor& other, double eps, int64_t sums,
+                     bool tiles) {
   if (sums < 0 || sums > static_cast<int64_t>(qoq_quant::RowSums::Codes))
     return py::str(text("unknown row sums ", sums, " (0: none, 1: inputs, 2: codes)"));
   Problem problem = check_rows(x, op == qoq_quant::RowOp::SiluMul ? "gate" : "x");
+  if (problem.empty() && tiles && (x.size(0) > qoq_gemm::GEMVP_MAX_M || x.size(1) % 32))
+    problem = text("tiled codes need at most ", qoq_gemm::GEMVP_MAX_M, " rows and K a multiple of 32, got ", x.size(0),
+                   " x ", x.size(1));
   if (problem.empty() && op == qoq_quant::RowOp::SiluMul) {
     problem = check_rows(other, "up");
     if (problem.empty() && other.sizes() != x.sizes()) problem = "gate and up must have one shape";
@@ -171,7 +186,7 @@ py::object run_quant(qoq_quant::RowOp op, const at::Tensor& x, const at::Tensor&
     problem = text(op == qoq_quant::RowOp::SiluMul ? "up" : "weight", " is on ", other.device(), ", the activations on ",
                    x.device());
   if (!problem.empty()) return py::str(problem);
-  return py::cast(qoq_quant::quant_rows(op, x, other, eps, static_cast<qoq_quant::RowSums>(sums)));
+  return py::cast(qoq_quant::quant_rows(op, x, other, eps, static_cast<qoq_quant::RowSums>(sums), tiles));
 }
 
 }  // namespace
@@ -179,21 +194,22 @@ py::object run_quant(qoq_quant::RowOp op, const at::Tensor& x, const at::Tensor&
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gemm", [](const at::Tensor& qx, const at::Tensor& s_x, const at::Tensor& qweight, const at::Tensor& s1,
                    const Opt& s2, const Opt& s2_zeros, const Opt& szero, const Opt& xsum, const Opt& qsum,
-                   const Opt& bias, const Opt& out, int64_t variant, bool enable_pdl) {
-    return run_gemm(qx, s_x, qweight, s1, s2, s2_zeros, szero, xsum, qsum, bias, out, variant, false, enable_pdl);
+                   const Opt& bias, const Opt& out, int64_t variant, bool enable_pdl, int64_t tile_rows) {
+    return run_gemm(qx, s_x, qweight, s1, s2, s2_zeros, szero, xsum, qsum, bias, out, variant, false, tile_rows,
+                    enable_pdl);
   }, "W4A8 GEMM -> fp16 [M, N], or the text of a problem with the arguments");
   m.def("gemm_accumulators", [](const at::Tensor& qx, const at::Tensor& qweight, const Opt& s2, const Opt& s2_zeros,
-                                const Opt& qsum, const Opt& out, int64_t variant) {
+                                const Opt& qsum, const Opt& out, int64_t variant, int64_t tile_rows) {
     return run_gemm(qx, c10::nullopt, qweight, c10::nullopt, s2, s2_zeros, c10::nullopt, c10::nullopt, qsum,
-                    c10::nullopt, out, variant, true);
+                    c10::nullopt, out, variant, true, tile_rows);
   }, "W4A8 GEMM int32 accumulators [M, N] (debug), or the text of a problem");
-  m.def("quant_tokens", [](const at::Tensor& x, int64_t sums) {
-    return run_quant(qoq_quant::RowOp::Plain, x, at::Tensor(), 0.0, sums);
+  m.def("quant_tokens", [](const at::Tensor& x, int64_t sums, bool tiles) {
+    return run_quant(qoq_quant::RowOp::Plain, x, at::Tensor(), 0.0, sums, tiles);
   });
-  m.def("rmsnorm_quant", [](const at::Tensor& x, const at::Tensor& weight, double eps, int64_t sums) {
-    return run_quant(qoq_quant::RowOp::RmsNorm, x, weight, eps, sums);
+  m.def("rmsnorm_quant", [](const at::Tensor& x, const at::Tensor& weight, double eps, int64_t sums, bool tiles) {
+    return run_quant(qoq_quant::RowOp::RmsNorm, x, weight, eps, sums, tiles);
   });
-  m.def("silu_mul_quant", [](const at::Tensor& gate, const at::Tensor& up, int64_t sums) {
-    return run_quant(qoq_quant::RowOp::SiluMul, gate, up, 0.0, sums);
+  m.def("silu_mul_quant", [](const at::Tensor& gate, const at::Tensor& up, int64_t sums, bool tiles) {
+    return run_quant(qoq_quant::RowOp::SiluMul, gate, up, 0.0, sums, tiles);
   });
 }

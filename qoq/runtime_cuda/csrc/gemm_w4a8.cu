@@ -181,16 +181,17 @@ static bool is_hopper() { return device_attribute(cudaDevAttrComputeCapabilityMa
 // Blocks per cluster sharing their activation rows (Hopper, MT = 1, M >= GEMV_CLUSTER_MIN_M, an even
 // number of 32-column blocks), else 1.
 static int gemv_cluster(const GemmParams& p, int mt) {
-  const bool shared = mt == 1 && p.M >= GEMV_CLUSTER_MIN_M && (p.N / 32) % GEMV_CLUSTER == 0;
+  const bool shared = mt == 1 && !p.tiled && p.M >= GEMV_CLUSTER_MIN_M && (p.N / 32) % GEMV_CLUSTER == 0;
   return shared && is_hopper() ? GEMV_CLUSTER : 1;
 }
 
-template <int MT, int GROUP, int WARPS, bool ACT_FIRST = false>
+template <int MT, int GROUP, int WARPS, bool ACT_FIRST = false, bool TILED = false>
 static void launch_gemv(GemmParams p, int smem_limit, cudaStream_t stream) {
   static qoq_cuda::PerDevice<cudaError_t> opt_in;
-  const auto kernel = gemm_gemv_kernel<MT, GROUP, WARPS, ACT_FIRST>;
+  const auto kernel = gemm_gemv_kernel<MT, GROUP, WARPS, ACT_FIRST, TILED>;
   allow_smem(kernel, smem_limit, opt_in);
-  const int smem = gemv_smem_bytes(MT, WARPS, p.M, p.K), cluster = gemv_cluster(p, MT);
+  // tiled activations stage nothing: shared memory holds only the warps' partial sums
+  const int smem = gemv_smem_bytes(MT, WARPS, TILED ? 0 : p.M, p.K), cluster = gemv_cluster(p, MT);
   if (p.dependent) {  // over one wave (grid_dependency.cuh: the next kernel may fill the last wave's gaps)
     // blocks an SM holds, by GPU and shared memory
     static thread_local std::unordered_map<int64_t, int> per_sm_by_smem;
@@ -223,6 +224,9 @@ static bool gemv_act_first(const GemmParams& p) {
 template <int GROUP, int WARPS>
 static void dispatch_gemv(const GemmParams& p, cudaStream_t stream) {
   const int limit = smem_optin();
+  if constexpr (WARPS == 16) {  // only the 16-warp GEMV reads tiled activations (gemm_bindings.cpp checks)
+    if (p.tiled) return launch_gemv<1, GROUP, WARPS, false, true>(p, limit, stream);
+  }
   if (p.M <= 16 && gemv_smem_bytes(1, WARPS, p.M, p.K) <= limit) {
     if (gemv_act_first<WARPS>(p)) return launch_gemv<1, GROUP, WARPS, true>(p, limit, stream);
     return launch_gemv<1, GROUP, WARPS>(p, limit, stream);
@@ -238,25 +242,31 @@ static void dispatch_gemv_group(const GemmParams& p, cudaStream_t stream) {
 }
 
 // One block per SM (at most one per column block); on Hopper from GEMV_CLUSTER_MIN_M rows on, pairs of
-// blocks share one read of the activation rows, as in the staged GEMV.
-template <int GROUP>
+// blocks share one read of the activation rows, as in the staged GEMV (tiled activations: no rows, no pairs).
+template <int GROUP, bool TILED>
 static void launch_gemvp(const GemmParams& p, int smem_limit, cudaStream_t stream) {
   static qoq_cuda::PerDevice<cudaError_t> opt_in;
-  allow_smem(gemm_gemv_persistent_kernel<GROUP>, smem_limit, opt_in);
+  allow_smem(gemm_gemv_persistent_kernel<GROUP, TILED>, smem_limit, opt_in);
   int blocks = std::min(multiprocessors(), p.N / 32);
-  const bool pairs = p.M >= GEMV_CLUSTER_MIN_M && blocks >= GEMV_CLUSTER && is_hopper();
+  const bool pairs = !TILED && p.M >= GEMV_CLUSTER_MIN_M && blocks >= GEMV_CLUSTER && is_hopper();
   if (pairs) blocks -= blocks % GEMV_CLUSTER;
-  launch_clustered(gemm_gemv_persistent_kernel<GROUP>, dim3(blocks), GEMVP_WARPS * 32, gemvp_smem_bytes(p.M, p.K),
-                   dim3(pairs ? GEMV_CLUSTER : 1), p.dependent, stream, p);
+  launch_clustered(gemm_gemv_persistent_kernel<GROUP, TILED>, dim3(blocks), GEMVP_WARPS * 32,
+                   gemvp_smem_bytes(TILED ? 0 : p.M, p.K), dim3(pairs ? GEMV_CLUSTER : 1), p.dependent, stream, p);
+}
+
+template <bool TILED>
+static void launch_gemvp_group(const GemmParams& p, int smem_limit, cudaStream_t stream) {
+  if (p.group == 0) return launch_gemvp<0, TILED>(p, smem_limit, stream);
+  return p.group == 64 ? launch_gemvp<64, TILED>(p, smem_limit, stream) : launch_gemvp<128, TILED>(p, smem_limit, stream);
 }
 
 // Rows that do not fit shared memory (K beyond ~14000 at M = 16) go to the 8-warp GEMV, the faster one
-// in the multi-wave grids auto_variant gives gemv16p.
+// in the multi-wave grids auto_variant gives gemv16p; tiled activations always fit (none are staged).
 static void dispatch_gemvp(const GemmParams& p, cudaStream_t stream) {
   const int limit = smem_optin();
+  if (p.tiled) return launch_gemvp_group<true>(p, limit, stream);
   if (gemvp_smem_bytes(p.M, p.K) > limit) return dispatch_gemv_group<8>(p, stream);
-  if (p.group == 0) return launch_gemvp<0>(p, limit, stream);
-  return p.group == 64 ? launch_gemvp<64>(p, limit, stream) : launch_gemvp<128>(p, limit, stream);
+  return launch_gemvp_group<false>(p, limit, stream);
 }
 
 // The variant is chosen by the caller (qoq/runtime_cuda/gemm.py picks one for "auto").

@@ -134,14 +134,38 @@ __device__ __forceinline__ int gemv_offset(const GemmParams& p, int row) {
   return GROUP > 0 ? 128 * p.qsum[row] : 0;
 }
 
-// One warp's run of RUN consecutive k-tiles: the packed weights and the scale words of
-// the groups it spans (GROUP = 0: per channel, no scales).
+// One warp's run of RUN consecutive k-tiles: the packed weights, the scale words of the groups it spans
+// (GROUP = 0: per channel, no scales) and, with tiled activations, this lane's A fragments (unused, and
+// so never in registers, otherwise).
 template <int GROUP, int RUN>
 struct GemvRun {
   static constexpr int GROUPS = GROUP > 0 ? RUN * 32 / GROUP : 1;
   uint4 packed[RUN];
   uint32_t s2[GROUPS], zero[GROUPS];
+  uint4 act[RUN];
 };
+
+// Tiled activations (GemmParams::tiled): k-tile k0's 512 bytes hold each lane's 16-byte mma A fragment in
+// lane order, so a warp reads a k-tile's fragments of all 16 rows with one coalesced 16-byte load a lane,
+// straight into registers alongside the run's weights. Against the rows staged in shared memory (copied,
+// waited for, read by ldmatrix) this took o_proj g128 M=16 from 4.95 to 4.05 us and down_proj from 10.34
+// to 8.71 as programmatic dependents (bench/results/ab_h200/ab_gemv16_tiled_*.json); the same fragments
+// staged per lane in shared memory, or prefetched to L1 and read at use, gained little or lost.
+__device__ __forceinline__ uint4 load_fragment16(const GemmParams& p, int k0) {
+  uint4 v;
+  asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p.qx + static_cast<size_t>(k0) * 512 + (threadIdx.x & 31) * 16));
+  return v;
+}
+
+// This lane's A fragments of the run at k-tile `first` (tiled activations).
+template <int GROUP, int RUN>
+__device__ __forceinline__ void gemv_load_fragments(const GemmParams& p, GemvRun<GROUP, RUN>& run, int first,
+                                                    int k_tiles) {
+#pragma unroll
+  for (int i = 0; i < RUN; ++i) run.act[i] = first + i < k_tiles ? load_fragment16(p, first + i) : make_uint4(0, 0, 0, 0);
+}
 
 // The scale words of group gi of the run that starts at k-tile `first` (WHOLE: the run lies below K).
 template <int GROUP, int RUN, bool WHOLE = false>
@@ -153,7 +177,9 @@ __device__ __forceinline__ void gemv_load_scales(const GemmParams& p, GemvRun<GR
   run.zero[gi] = WHOLE || k < p.K ? __ldg(reinterpret_cast<const uint32_t*>(p.s2_zeros + at)) : 0u;
 }
 
-template <int GROUP, int RUN>
+// The run's weights and scale words (and with TILED its A fragments: only once the kernel ahead, which
+// writes them, is waited for).
+template <int GROUP, int RUN, bool TILED = false>
 __device__ __forceinline__ void gemv_load_run(const GemmParams& p, GemvRun<GROUP, RUN>& run, const uint8_t* tiles,
                                               uint32_t scale_col, int first, int k_tiles) {
 #pragma unroll
@@ -165,6 +191,7 @@ __device__ __forceinline__ void gemv_load_run(const GemmParams& p, GemvRun<GROUP
 #pragma unroll
     for (int gi = 0; gi < GemvRun<GROUP, RUN>::GROUPS; ++gi) gemv_load_scales<GROUP, RUN>(p, run, scale_col, first, gi);
   }
+  if constexpr (TILED) gemv_load_fragments<GROUP, RUN>(p, run, first, k_tiles);
 }
 
 // Where a run lies (the persistent GEMV's loads and tile-by-tile refills): k-tile `first` of the column
@@ -185,7 +212,9 @@ struct GemvRefill {
 // persistent GEMV's instructions (ncu: bench/results/probes_h200/ncu_gemv16p_h200.json).
 // NULLABLE: the refill's tiles may be null (nothing more to load), checked at run time; the per-channel
 // and g64 persistent GEMVs take that one copy for all their runs (see gemm_w4a8_gemv_persistent.cuh).
-template <int MT, int GROUP, int RUN, bool REFILL = false, bool WHOLE = false, bool NULLABLE = false>
+// TILED (MT = 1): the A fragments come from run.act (refilled like the weights), not shared memory.
+template <int MT, int GROUP, int RUN, bool REFILL = false, bool WHOLE = false, bool NULLABLE = false,
+          bool TILED = false>
 __device__ __forceinline__ void gemv_compute_run(const GemmParams& p, GemvRun<GROUP, RUN>& run, int first,
                                                  int k_tiles, uint32_t a_base, uint32_t a_step,
                                                  int (&acc)[MT][4][4], const GemvRefill& refill = {}) {
@@ -215,7 +244,13 @@ __device__ __forceinline__ void gemv_compute_run(const GemmParams& p, GemvRun<GR
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
       uint32_t a[4];
-      if constexpr (MT == 1) {
+      if constexpr (TILED) {
+        a[0] = run.act[i].x, a[1] = run.act[i].y, a[2] = run.act[i].z, a[3] = run.act[i].w;
+        if (refilling) {
+          const int r0 = refill.first + i;
+          run.act[i] = WHOLE || r0 < k_tiles ? load_fragment16(p, r0) : make_uint4(0, 0, 0, 0);
+        }
+      } else if constexpr (MT == 1) {
         ldmatrix_x4_at(a, a_base + k0 * a_step);
       } else {
         const int row = mt * 16 + g;
@@ -231,8 +266,10 @@ __device__ __forceinline__ void gemv_compute_run(const GemmParams& p, GemvRun<GR
 // ACT_FIRST (MT = 1): the activation copies go out before the first run's weight loads, not after
 // (gemm_w4a8.cu's gemv_act_first says where that measured faster). The copies wait for the kernel ahead
 // (a programmatic dependent's launch, grid_dependency.cuh); weight loads issued first do not.
-template <int MT, int GROUP, int WARPS, bool ACT_FIRST>
+// TILED (MT = 1, not ACT_FIRST): tiled activations, read into registers with each run; nothing is staged.
+template <int MT, int GROUP, int WARPS, bool ACT_FIRST, bool TILED = false>
 __global__ void __launch_bounds__(WARPS * 32, MT == 1 ? 16 / WARPS : 1) gemm_gemv_kernel(const GemmParams p) {
+  static_assert(!TILED || (MT == 1 && !ACT_FIRST), "tiled activations: M <= 16, weights first");
   extern __shared__ __align__(16) uint8_t smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int n0 = blockIdx.x, k_tiles = p.K / 32;
@@ -253,7 +290,9 @@ __global__ void __launch_bounds__(WARPS * 32, MT == 1 ? 16 / WARPS : 1) gemm_gem
   if (p.early_trigger) allow_dependent_grids();
   wait_prior_grids();  // the activations (and the epilogue's terms) come from the kernel ahead
   uint32_t a_base = 0, a_step = 0;
-  if constexpr (MT == 1) {
+  if constexpr (TILED) {
+    gemv_load_fragments<GROUP, RUN>(p, ping, first, k_tiles);
+  } else if constexpr (MT == 1) {
     gemv_copy_rows<WARPS>(p, smem, a_base, a_step);
     if constexpr (ACT_COPY_FIRST) gemv_load_run<GROUP, RUN>(p, ping, tiles, scale_col, first, k_tiles);
     gemv_wait_rows(smem);
@@ -261,15 +300,15 @@ __global__ void __launch_bounds__(WARPS * 32, MT == 1 ? 16 / WARPS : 1) gemm_gem
 
   // Ping-pong between two runs: the next run's loads are in flight while this one computes.
   for (; first < k_tiles; first += 2 * STRIDE) {
-    gemv_load_run<GROUP, RUN>(p, pong, tiles, scale_col, first + STRIDE, k_tiles);
-    gemv_compute_run<MT, GROUP, RUN>(p, ping, first, k_tiles, a_base, a_step, acc);
-    gemv_load_run<GROUP, RUN>(p, ping, tiles, scale_col, first + 2 * STRIDE, k_tiles);
-    gemv_compute_run<MT, GROUP, RUN>(p, pong, first + STRIDE, k_tiles, a_base, a_step, acc);
+    gemv_load_run<GROUP, RUN, TILED>(p, pong, tiles, scale_col, first + STRIDE, k_tiles);
+    gemv_compute_run<MT, GROUP, RUN, false, false, false, TILED>(p, ping, first, k_tiles, a_base, a_step, acc);
+    gemv_load_run<GROUP, RUN, TILED>(p, ping, tiles, scale_col, first + 2 * STRIDE, k_tiles);
+    gemv_compute_run<MT, GROUP, RUN, false, false, false, TILED>(p, pong, first + STRIDE, k_tiles, a_base, a_step, acc);
   }
 
   if (!p.early_trigger) allow_dependent_grids();  // every weight load is done: the next kernel's may go out
   // Integer partial sums are exact in any order: reduce the warps' K slices through shared memory.
-  if constexpr (MT == 1) __syncthreads();  // every warp is done with the activations: partials reuse them
+  if constexpr (MT == 1 && !TILED) __syncthreads();  // every warp is done with the activations: partials reuse them
   int* partial = reinterpret_cast<int*>(smem + GEMV_HEADER);  // [WARPS][MT*16 accumulator slots][32 lanes]
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)

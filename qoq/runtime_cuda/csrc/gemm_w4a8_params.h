@@ -22,7 +22,7 @@ constexpr int GEMVP_MAX_M = 16;
 constexpr int GROUP_MULTIPLE = 64;  // the tiled kernels read one s2/-z row per 64 k
 
 struct GemmParams {
-  const int8_t* qx;          // [M, K] per-token int8 activations, row-major
+  const int8_t* qx;          // [M, K] per-token int8 activations, row-major; tiled: [K/32][32][16] (below)
   const __half* s_x;         // [M] activation scales
   const uint8_t* qweight;    // [N, K/2] packed codes, compute-order 32x32 tiles
   const __half* s1;          // [N] level-0 (or per-channel) scales
@@ -41,6 +41,10 @@ struct GemmParams {
                              // ahead (grid_dependency.cuh), which must not write the weights or scales
   bool early_trigger;        // staged GEMV launched as a dependent, its grid over one wave: it lets the
                              // next kernel launch before its own wait (gemm_w4a8.cu launch_gemv)
+  bool tiled;                // qx in A-fragment tiles (M <= 16; the gemv16 and gemv16p variants): 512 bytes
+                             // per 32 k, lane l = 4g + t's 16 of them its mma.m16n8k32 A fragment, the words
+                             // row g at k 4t..4t+3, row g + 8 there, row g at k 16+4t..19+4t, row g + 8 there;
+                             // rows >= M are never stored, whatever they hold (reference.py rows_to_tiles)
 };
 
 // Launch `variant` on the current stream of `like`'s device; the arguments are already checked.

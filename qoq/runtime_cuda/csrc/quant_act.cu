@@ -24,7 +24,8 @@ struct QuantParams {
   int64_t x_stride, up_stride;
   float eps;
   int K;
-  int8_t* qx;    // [T, K]
+  int8_t* qx;    // [T, K], or with `tiles` A-fragment tiles [K/32][32][16] of T <= 16 rows
+  bool tiles;
   half* scale;   // [T]
   float* xsum;   // [T] or nullptr: sums of y
   int* qsum;     // [T] or nullptr: sums of the codes
@@ -63,6 +64,13 @@ __device__ T block_reduce(T v, T* scratch) {
 }
 
 __device__ __forceinline__ float round_to_half(float v) { return __half2float(__float2half_rn(v)); }
+
+// Byte offset of the codes of row `row` at k..k+3 (k % 4 == 0) in A-fragment tiles (gemm_w4a8_params.h
+// GemmParams::tiled): tile k / 32, lane 4 (row % 8) + (k % 16) / 4, word 2 ((k % 32) / 16) + row / 8.
+__device__ __forceinline__ int64_t tile_offset(int row, int k) {
+  const int kk = k % 32;
+  return static_cast<int64_t>(k / 32) * 512 + ((row % 8) * 4 + (kk % 16) / 4) * 16 + ((kk / 16) * 2 + row / 8) * 4;
+}
 
 template <RowOp OP>
 __global__ void __launch_bounds__(THREADS) quant_rows_kernel(const QuantParams p) {
@@ -123,7 +131,7 @@ __global__ void __launch_bounds__(THREADS) quant_rows_kernel(const QuantParams p
     if (p.xsum != nullptr) p.xsum[row] = sum;
   }
 
-  uint2* codes = reinterpret_cast<uint2*>(p.qx + static_cast<int64_t>(row) * p.K);
+  uint2* codes = reinterpret_cast<uint2*>(p.qx + static_cast<int64_t>(row) * p.K);  // unless tiles
   int code_sum = 0;
   for (int v = threadIdx.x; v < vecs; v += THREADS) {
     float f[8];
@@ -135,7 +143,12 @@ __global__ void __launch_bounds__(THREADS) quant_rows_kernel(const QuantParams p
       code_sum += q;
       word[e / 4] |= (static_cast<uint32_t>(q) & 0xffu) << (8 * (e % 4));
     }
-    codes[v] = make_uint2(word[0], word[1]);
+    if (p.tiles) {  // k = 8 v + 4 w
+      *reinterpret_cast<uint32_t*>(p.qx + tile_offset(row, 8 * v)) = word[0];
+      *reinterpret_cast<uint32_t*>(p.qx + tile_offset(row, 8 * v + 4)) = word[1];
+    } else {
+      codes[v] = make_uint2(word[0], word[1]);
+    }
   }
   if (p.qsum != nullptr) {
     code_sum = block_reduce<false>(code_sum, scratch_int);
@@ -146,7 +159,9 @@ __global__ void __launch_bounds__(THREADS) quant_rows_kernel(const QuantParams p
 template <RowOp OP>
 static std::vector<at::Tensor> launch(QuantParams p, const at::Tensor& x, RowSums sums) {
   const int64_t T = x.size(0), K = x.size(1);
-  at::Tensor qx = at::empty({T, K}, x.options().dtype(at::kChar));
+  // tiles: rows T..15 are left as they are (the GEMM never stores them)
+  at::Tensor qx = p.tiles ? at::empty({K / 32, 32, 16}, x.options().dtype(at::kChar))
+                          : at::empty({T, K}, x.options().dtype(at::kChar));
   at::Tensor scale = at::empty({T, 1}, x.options());
   at::Tensor row_sums = at::empty({sums == RowSums::None ? 0 : T},
                                   x.options().dtype(sums == RowSums::Codes ? at::kInt : at::kFloat));
@@ -168,8 +183,9 @@ static std::vector<at::Tensor> launch(QuantParams p, const at::Tensor& x, RowSum
 }
 
 std::vector<at::Tensor> quant_rows(RowOp op, const at::Tensor& x, const at::Tensor& other, double eps,
-                                   RowSums sums) {
+                                   RowSums sums, bool tiles) {
   QuantParams p{};
+  p.tiles = tiles;
   p.x = reinterpret_cast<const half*>(x.data_ptr<at::Half>());
   p.x_stride = x.stride(0);
   switch (op) {

@@ -1,5 +1,5 @@
 // Host entry point of the fused activation-quantization kernels (quant_act.cu). The arguments are
-// checked in gemm_bindings.cpp. Returns {qx int8 [T, K], s_x fp16 [T, 1], sums [T]}: per `sums`,
+// checked in gemm_bindings.cpp. Returns {qx int8 [T, K] (or tiles), s_x fp16 [T, 1], sums [T]}: per `sums`,
 // the fp32 sums of the fp16 GEMM inputs (what per-channel GEMMs subtract, §3.2), the int32 sums of
 // the codes (what the per-group wgmma GEMMs subtract for their biased u8 weights), or empty.
 #pragma once
@@ -12,10 +12,12 @@ namespace qoq_quant {
 
 // The fp16 GEMM input of each row of x [T, K] (rows x.stride(0) apart):
 // Plain: x; RmsNorm: §3.5 RMSNorm with weight `other` [K]; SiluMul: fp16(fp16(silu(x)) * other)
-// with `other` the up rows [T, K]. Then §3.3 per-token symmetric INT8.
+// with `other` the up rows [T, K]. Then §3.3 per-token symmetric INT8. tiles: qx in the GEMV's A-fragment
+// tiles [K/32, 32, 16] (T <= 16, K % 32 == 0: gemm_w4a8_params.h GemmParams::tiled) instead of [T, K].
 enum class RowOp { Plain, RmsNorm, SiluMul };
 enum class RowSums { None = 0, Inputs = 1, Codes = 2 };
 
-std::vector<at::Tensor> quant_rows(RowOp op, const at::Tensor& x, const at::Tensor& other, double eps, RowSums sums);
+std::vector<at::Tensor> quant_rows(RowOp op, const at::Tensor& x, const at::Tensor& other, double eps, RowSums sums,
+                                   bool tiles);
 
 }  // namespace qoq_quant
