@@ -11,7 +11,9 @@ The committed outputs are in bench/results/ab_h200/.
 `--cases decode` times the decode attention kernel (pinned splits and ring stages) instead. `--pdl`
 times one tree's GEMMs launched plainly (column "off") and as programmatic dependents ("on";
 w4a8_gemm's enable_pdl) instead of two trees; `--dependent` launches both trees' calls as programmatic
-dependents (as CudaW4A8Linear and the decode loop launch them).
+dependents (as CudaW4A8Linear and the decode loop launch them). Both trees are driven by this checkout's
+wrappers, so both must take its extension's arguments: GEMM trees from 411ad7f on (the tiled activations
+that bench/gemm_h200.py's w4a8_calls hands the 16-warp GEMVs at M <= 16).
 """
 
 from __future__ import annotations
