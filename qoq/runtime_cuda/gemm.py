@@ -22,10 +22,10 @@ from qoq.runtime_cuda.devices import same_device
 from qoq.runtime_cuda.reference import TILE_ROWS, tiles_to_rows
 
 SOURCES = ("gemm_w4a8.cu", "quant_act.cu", "gemm_bindings.cpp")
-# The kernels: split-K GEMVs (M <= 64; 8 or 16 warps per 32 columns; at M <= 16 the activations are
-# staged in shared memory, on Hopper by bulk copies shared by pairs of blocks from M = 4; "gemv16p" is
-# persistent, one 16-warp block per SM staging the rows once for all its column blocks; per group the
-# weights dequantize to biased u8) and tiled MMA kernels with 64- or 128-row blocks; the "w" tiled
+# The kernels: split-K GEMVs (M <= 64; 8 or 16 warps per 32 columns; at M <= 16 the 16-warp ones read
+# A-fragment tiles straight into registers, and rows are staged in shared memory, on Hopper by bulk copies
+# shared by pairs of blocks from M = 4; "gemv16p" is persistent, one 16-warp block per SM for several
+# column blocks, staging any rows once; per group the weights dequantize to biased u8) and tiled MMA kernels with 64- or 128-row blocks; the "w" tiled
 # kernels use 4 warps with BM x 32 warp tiles, so each weight fragment is dequantized once per block;
 # the "wg" kernels (Hopper only) use wgmma with the weights as the register operand, fed by tensor-map
 # copies and pipelined (the next k-step dequantizes while this one's wgmmas run), named by block tile

@@ -16,9 +16,10 @@ namespace qoq_gemm {
 // One block per 32 output columns; its WARPS warps (8 or 16) take interleaved runs of K. Per group
 // the B fragments are the biased u8 W8 + 128 (BiasedScales); the 128 * (the token's code sum, p.qsum)
 // that comes off is subtracted once per output, as in the wgmma kernels (an MMA per tile summing it
-// here was a fifth of the MMAs). With MT = 1 (M <= 16) the block first copies the M activation
-// rows into shared memory and reads A fragments by ldmatrix: per-lane 4-byte loads of 16 rows cost
-// 8x the L1 wavefronts. Rows >= M point ldmatrix at 16 zero bytes.
+// here was a fifth of the MMAs). With MT = 1 (M <= 16) and rows given, the block first copies the M
+// activation rows into shared memory and reads A fragments by ldmatrix: per-lane 4-byte loads of 16 rows
+// cost 8x the L1 wavefronts. Rows >= M point ldmatrix at 16 zero bytes. Given tiles (TILED: the layout
+// the quantization kernels write for M <= 16), each lane loads its fragments with its weights instead.
 // Consecutive k-tiles a warp loads in one go: 8 (4 KB of weights) with 8 warps a block, 4 with 16 (same
 // call on the H200, g128 down_proj M=16 gemv16 12.82 -> 12.18 us; with 8 warps, runs of 4 were slower
 // for o_proj and qkv per group, 5.43 -> 5.50 and 11.76 -> 12.28 us at M=1).
