@@ -50,7 +50,7 @@ def tiles_for(m: int, group: int) -> bool:
     ab_gemv16p_tiled_*.json), under M = 1's staged time (qkv_proj g128: 8.99 us at M = 16 against 10.25 at
     M = 1 when tiles began at M = 9: bench/results/probes_h200/gemm_h200_tiles_from_m9.json). Tiles of fewer
     rows carry all 16 rows' bytes, and so cost what M = 16 costs (8.52 us at M = 1 in gemm_h200.json)."""
-    return m <= TILE_ROWS and group in (-1, 64, 128)
+    return 1 <= m <= TILE_ROWS and group in (-1, 64, 128)  # no tokens: rows, which the kernels skip
 
 
 def extension():

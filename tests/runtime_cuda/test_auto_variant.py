@@ -58,5 +58,5 @@ def test_tiled_activations_go_to_the_16_warp_gemvs():
                 assert auto_variant(m, 4096, 11008, group, 132, True, pdl) == ("gemv16" if group == -1 else "gemv16p")
                 assert auto_variant(m, 12288, 4096, group, 132, True, pdl) == "gemv16p"
                 assert auto_variant(m, 262144, 32768, group, 132, True, pdl) == "gemv16"
-    assert not tiles_for(17, 128) and not tiles_for(16, 256)
+    assert not tiles_for(17, 128) and not tiles_for(16, 256) and not tiles_for(0, 128)
     assert auto_variant(16, 4096, 4096, 256, 132, True, True).startswith("wg")  # no GEMV for groups of 256
