@@ -88,13 +88,14 @@ def check_gemm(model: str, n: int, k: int, group: int) -> list[dict]:
         y_ref = reference.epilogue(acc_ref, s_x, t["w.s1_scales"], bias=t["w.bias"], out_dtype=torch.float32,
                                    **per_channel)
         per_group = dict(s2, qsum=qx.sum(dim=1, dtype=torch.int32)) if s2 else {}  # as the quant kernels give it
-        # rows past M of the tiles hold garbage, which the kernels must neither store nor mix in
-        padded = torch.randint(-127, 128, (16, k), dtype=torch.int8, device=DEV) if m <= 16 and k % 32 == 0 else None
-        if padded is not None:
+        tiles = None
+        if tiles_for(m, group):  # rows past M of the tiles hold garbage, which no kernel may store or mix in
+            padded = torch.randint(-127, 128, (16, k), dtype=torch.int8, device=DEV)
             padded[:m] = qx
+            tiles = reference.rows_to_tiles(padded)
         for variant in variants_for(m):
             for layout in ("rows", "tiles") if takes_tiles(variant, m, group) else ("rows",):
-                a, rows_of = (reference.rows_to_tiles(padded), {"m": m}) if layout == "tiles" else (qx, {})
+                a, rows_of = (tiles, {"m": m}) if layout == "tiles" else (qx, {})
                 acc = torch.full((m, n), -(2**31), dtype=torch.int32, device=DEV)
                 w4a8_accumulators(a, t["w.qweight"], out=acc, variant=variant, **per_group, **rows_of)
                 y = torch.full((m, n), float("nan"), dtype=torch.float16, device=DEV)

@@ -24,15 +24,15 @@ from qoq.runtime_cuda.reference import TILE_ROWS, tiles_to_rows
 SOURCES = ("gemm_w4a8.cu", "quant_act.cu", "gemm_bindings.cpp")
 # The kernels: split-K GEMVs (M <= 64; 8 or 16 warps per 32 columns; at M <= 16 the 16-warp ones read
 # A-fragment tiles straight into registers, and rows are staged in shared memory, on Hopper by bulk copies
-# shared by pairs of blocks from M = 4; "gemv16p" is persistent, one 16-warp block per SM for several
-# column blocks, staging any rows once; per group the weights dequantize to biased u8) and tiled MMA kernels with 64- or 128-row blocks; the "w" tiled
-# kernels use 4 warps with BM x 32 warp tiles, so each weight fragment is dequantized once per block;
-# the "wg" kernels (Hopper only) use wgmma with the weights as the register operand, fed by tensor-map
-# copies and pipelined (the next k-step dequantizes while this one's wgmmas run), named by block tile
-# (channels x tokens), "k2" with two warpgroups splitting each block's K range (more loads and wgmmas in
-# flight where the grid leaves warp slots empty). Grids below one wave split K: the tiled kernels add
-# int32 partial sums atomically, the wgmma kernels run a tile's splits as a cluster whose blocks add
-# them through distributed shared memory.
+# shared by pairs of blocks from M = 4; "gemv16p" is persistent, one 16-warp block per SM for several column
+# blocks, staging any rows once; per group the weights dequantize to biased u8) and tiled MMA kernels with 64-
+# or 128-row blocks; the "w" tiled kernels use 4 warps with BM x 32 warp tiles, so each weight fragment is
+# dequantized once per block; the "wg" kernels (Hopper only) use wgmma with the weights as the register
+# operand, fed by tensor-map copies and pipelined (the next k-step dequantizes while this one's wgmmas run),
+# named by block tile (channels x tokens), "k2" with two warpgroups splitting each block's K range (more loads
+# and wgmmas in flight where the grid leaves warp slots empty). Grids below one wave split K: the tiled
+# kernels add int32 partial sums atomically, the wgmma kernels run a tile's splits as a cluster whose blocks
+# add them through distributed shared memory.
 VARIANTS = {"gemv": 1, "gemv16": 6, "gemv16p": 11, "tiled64": 2, "tiled128": 3, "tiled128w": 4, "tiled64w": 5,
             "wg128x64": 7, "wg128x128": 8, "wg64x64": 9, "wg64x64k2": 10}
 GEMV_MAX_M = 64
@@ -145,8 +145,6 @@ def _variant_id(variant: str, qx: torch.Tensor, m: int, n: int, k: int, group: i
     tiled = qx.dim() == 3
     if variant == "auto":
         variant = auto_variant(m, n, k, group, _multiprocessors(qx.device), is_hopper(qx.device), pdl)
-        if tiled and variant not in TILED_VARIANTS:
-            variant = "gemv16"  # tiles given where auto_variant takes rows: the kernel that reads them
     if variant not in VARIANTS:
         raise ValueError(f"unknown GEMM variant {variant!r}; choose 'auto' or one of {sorted(VARIANTS)}")
     if tiled and variant not in TILED_VARIANTS:
