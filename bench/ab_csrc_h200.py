@@ -8,7 +8,7 @@ The committed outputs are in bench/results/ab_h200/.
     git archive HEAD qoq/runtime_cuda/csrc | tar -x -C old_csrc --strip-components=3
     python bench/ab_csrc_h200.py --old old_csrc --new qoq/runtime_cuda/csrc --cases gemv --out $OUT
 
-`--cases decode` times the decode attention kernel (pinned splits and ring stages) instead. `--pdl`
+`--cases decode` (or `decode_units`) times the decode attention kernel (pinned splits and ring stages) instead. `--pdl`
 times one tree's GEMMs launched plainly (column "off") and as programmatic dependents ("on";
 w4a8_gemm's enable_pdl) instead of two trees; `--dependent` launches both trees' calls as programmatic
 dependents (as CudaW4A8Linear and the decode loop launch them). Both trees are driven by this checkout's
@@ -73,6 +73,10 @@ CASES = {  # (N, K, M, group, variant)
                ("llama3-8b", 256, 4096, 1, 3), ("llama2-7b", 64, 512, 1, 3), ("llama2-7b", 64, 1536, 1, 3),
                ("llama2-7b", 256, 1536, 1, 3), ("llama2-7b", 1, 4096, 5, 2), ("llama3-8b", 16, 1536, 2, 2),
                ("llama3-8b", 1, 4096, 16, 2)],
+    # unsplit decode where batch x KV heads is 2..4 units an SM (H200), and two controls
+    "decode_units": [("llama3-8b", 64, 512, 1, 2), ("llama3-8b", 64, 1536, 1, 2), ("llama3-8b", 64, 4096, 1, 2),
+                     ("llama2-7b", 16, 512, 1, 2), ("llama2-7b", 16, 1536, 1, 2), ("llama2-7b", 16, 4096, 1, 2),
+                     ("llama3-8b", 256, 512, 1, 3), ("llama2-7b", 64, 512, 1, 3)],
 }
 
 
@@ -113,7 +117,7 @@ def main() -> None:
     args = ap.parse_args()
     if not args.pdl and args.old is None:
         ap.error("--old is required (or --pdl, which times --new alone)")
-    family = attention if args.cases == "decode" else gemm
+    family = attention if args.cases.startswith("decode") else gemm
     if args.pdl:  # side -> (module, enable_pdl)
         new = build(args.new, args.build_root, family)
         sides = {"off": (new, False), "on": (new, True)}
