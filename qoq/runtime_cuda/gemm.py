@@ -36,6 +36,7 @@ SOURCES = ("gemm_w4a8.cu", "quant_act.cu", "gemm_bindings.cpp")
 VARIANTS = {"gemv": 1, "gemv16": 6, "gemv16p": 11, "tiled64": 2, "tiled128": 3, "tiled128w": 4, "tiled64w": 5,
             "wg128x64": 7, "wg128x128": 8, "wg64x64": 9, "wg64x64k2": 10}
 GEMV_MAX_M = 64
+GEMV_GROUPS = (-1, 64, 128)  # the group sizes the GEMV kernels are compiled for (-1: per channel)
 GEMVP_MAX_M = 16  # the persistent GEMV stages at most 16 activation rows
 GEMVP_MAX_WEIGHT_BYTES = 1 << 32  # and addresses its packed weights (N * K / 2 bytes) with 32-bit offsets
 # the kernels that take the code sums per group (biased u8 weights)
@@ -50,7 +51,7 @@ def tiles_for(m: int, group: int) -> bool:
     ab_gemv16p_tiled_*.json), under M = 1's staged time (qkv_proj g128: 8.99 us at M = 16 against 10.25 at
     M = 1 when tiles began at M = 9: bench/results/probes_h200/gemm_h200_tiles_from_m9.json). Tiles of fewer
     rows carry all 16 rows' bytes, and so cost what M = 16 costs (8.52 us at M = 1 in gemm_h200.json)."""
-    return 1 <= m <= TILE_ROWS and group in (-1, 64, 128)  # no tokens: rows, which the kernels skip
+    return 1 <= m <= TILE_ROWS and group in GEMV_GROUPS  # no tokens: rows, which the kernels skip
 
 
 def extension():
@@ -81,7 +82,7 @@ def auto_variant(m: int, n: int, k: int, group: int, multiprocessors: int, hoppe
     """Kernel for an [M, K] x [K, N] product (chosen from bench/gemm_h200.py's variant sweep); `pdl`: launched
     as a programmatic dependent (w4a8_gemm's enable_pdl, Hopper). Where tiles_for(m, group), one that reads
     tiles."""
-    gemv_ok = group in (-1, 64, 128)  # the GEMV kernels are compiled for these group sizes
+    gemv_ok = group in GEMV_GROUPS
     gemvp_ok = gemv_ok and n * k // 2 < GEMVP_MAX_WEIGHT_BYTES
     if tiles_for(m, group):
         # M <= 16, tiled activations. Over one wave of 32-column blocks the persistent GEMV, which has no
@@ -150,7 +151,7 @@ def _variant_id(variant: str, qx: torch.Tensor, m: int, n: int, k: int, group: i
     if tiled and variant not in TILED_VARIANTS:
         raise ValueError(f"the {variant} variant reads qx as rows [M, K]; tiled qx goes to "
                          f"{' or '.join(TILED_VARIANTS)}")
-    if variant.startswith("gemv") and (m > GEMV_MAX_M or group not in (-1, 64, 128)):
+    if variant.startswith("gemv") and (m > GEMV_MAX_M or group not in GEMV_GROUPS):
         raise ValueError(f"the {variant} variant handles M <= {GEMV_MAX_M} and groups of 64 or 128, "
                          f"got M={m}, group={group}")
     if variant == "gemv16p" and m > GEMVP_MAX_M:
