@@ -41,8 +41,8 @@ def test_gptq_beats_rtn_on_correlated_inputs(group):
     rtn = quantize_weight(w, group)
     assert output_error(w, qw, x) < 0.8 * output_error(w, rtn, x)
     delta = w - qw.dequantize()  # the error the pass records, per channel: ‖X·ΔWᵀ‖² either way
-    assert OutputError(x)(delta).sum().sqrt() / (x @ w.T).norm() == pytest.approx(output_error(w, qw, x), rel=1e-3)
-    assert OutputError(x[:200])(delta).sum().sqrt() == pytest.approx((x[:200] @ delta.T).norm(), rel=1e-3)
+    assert (OutputError(x)(delta).sum().sqrt() / (x @ w.T).norm()).item() == pytest.approx(output_error(w, qw, x), rel=1e-3)
+    assert OutputError(x[:200])(delta).sum().sqrt().item() == pytest.approx((x[:200] @ delta.T).norm().item(), rel=1e-3)
     assert record == {"damp": 0.01, "retries": 0, "dead_columns": 0}
     # the grid is RTN's: same scales, only codes differ
     assert torch.equal(qw.s1, rtn.s1) and (group == -1 or torch.equal(qw.s2, rtn.s2) and torch.equal(qw.z, rtn.z))
