@@ -3,7 +3,7 @@
 Each tree is built as its own extension; every case is then timed with bench/timing.py's CUDA-graph
 timing for both trees, four replays interleaved (order flipped every other replay), so that machine
 drift falls on both sides; each row's max_rel_diff compares the two trees' outputs on one input set.
-The committed outputs are in bench/results/ab_h200/.
+The A/Bs docs/performance.md cites are in bench/results/ab_h200/.
 
     git archive HEAD qoq/runtime_cuda/csrc | tar -x -C old_csrc --strip-components=3
     python bench/ab_csrc_h200.py --old old_csrc --new qoq/runtime_cuda/csrc --cases gemv --out $OUT
