@@ -58,14 +58,6 @@ def extension():
     return load_extension("qoq_w4a8", SOURCES)
 
 
-def checked(result):
-    """An extension call's result; the extension returns bad arguments' problem as text rather than
-    throwing (csrc/gemm_bindings.cpp)."""
-    if isinstance(result, str):
-        raise ValueError(result)
-    return result
-
-
 @lru_cache(maxsize=None)
 def is_hopper(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device)[0] == 9
@@ -209,10 +201,7 @@ def _require(t: torch.Tensor, name: str, dtype: torch.dtype, shape: tuple, qx: t
 def _operands(qx: torch.Tensor, qweight: torch.Tensor, s2_scales, s2_zeros,
               m: int | None = None) -> tuple[torch.Tensor, int, int]:
     """Checks qx (rows [M, K], or with `m` tiles [K/32, 32, 16]), qweight and the per-group tables; returns
-    qweight as int8, the group size (-1: none) and M.
-
-    These Python checks are the ones that raise: on the device, a problem the extension itself found
-    and returned as text still crashed the process (see csrc/gemm_bindings.cpp)."""
+    qweight as int8, the group size (-1: none) and M."""
     tiled = qx.dim() == 3
     if qx.dim() not in (2, 3) or qx.dtype != torch.int8 or qweight.dim() != 2 or qweight.element_size() != 1:
         raise ValueError(f"need qx int8 [M, K] (or tiles [K/32, 32, 16]) and qweight int8 [N, K/2], got {qx.dtype} "
@@ -287,8 +276,8 @@ def w4a8_gemm(
             _require(t, name, dtype, shape, qx)
     variant_id = _variant_id(variant, qx, m, n, k, group, enable_pdl)
     qsum = _code_sums(qx, m, qsum, variant_id, group)
-    return checked(extension().gemm(qx, s_x, qweight, s1_scales, s2_scales, s2_zeros, s1_szeros, xsum, qsum, bias,
-                                    out, variant_id, enable_pdl, m if qx.dim() == 3 else 0))
+    return extension().gemm(qx, s_x, qweight, s1_scales, s2_scales, s2_zeros, s1_szeros, xsum, qsum, bias, out,
+                            variant_id, enable_pdl, m if qx.dim() == 3 else 0)
 
 
 def w4a8_accumulators(
@@ -309,5 +298,5 @@ def w4a8_accumulators(
         _require(out, "out", torch.int32, (m, n), qx)
     variant_id = _variant_id(variant, qx, m, n, k, group)
     qsum = _code_sums(qx, m, qsum, variant_id, group)
-    return checked(extension().gemm_accumulators(qx, qweight, s2_scales, s2_zeros, qsum, out, variant_id,
-                                                 m if qx.dim() == 3 else 0))
+    return extension().gemm_accumulators(qx, qweight, s2_scales, s2_zeros, qsum, out, variant_id,
+                                         m if qx.dim() == 3 else 0)
