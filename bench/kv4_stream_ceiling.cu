@@ -31,7 +31,7 @@ struct Shape {
   int heads, batch, len;  // KV heads, sequences, tokens per sequence (a multiple of 128)
   __host__ __device__ int pages() const { return len / 64; }  // per sequence
   __host__ __device__ int total_pages() const { return batch * pages(); }
-  // page layout (DESIGN §5): codes [heads][64][D/2], then fp16 scales [heads][64], then zeros [heads][64]
+  // page layout (docs/design.md §5): codes [heads][64][D/2], then fp16 scales [heads][64], then zeros [heads][64]
   __host__ __device__ long code_bytes() const { return static_cast<long>(heads) * 64 * (kD / 2); }
   __host__ __device__ long page_bytes() const { return static_cast<long>(heads) * 64 * (kD / 2 + 4); }
   long kv4_bytes() const { return 2L * batch * heads * len * (kD / 2 + 4); }  // K and V, scales included

@@ -1,4 +1,4 @@
-"""W4A8 GEMM on the GPU from the artifact tensors of DESIGN §4 (no repacking: the compute-order
+"""W4A8 GEMM on the GPU from the artifact tensors of docs/design.md §4 (no repacking: the compute-order
 qweight tiles are the mma.m16n8k32 B fragments the kernels read).
 
 Per group (§3.1): Y = s_x · s1 · Σ_k qx·(q·s2 + s2_zeros); per channel (§3.2): Y = s_x · s · Σ_k qx·q − z·Σx.
@@ -258,7 +258,7 @@ def w4a8_gemm(
     variant: str = "auto",
     enable_pdl: bool = False,
 ) -> torch.Tensor:
-    """fp16 [M, N] = the GEMM of DESIGN §3.1 (per group) or §3.2 (per channel).
+    """fp16 [M, N] = the GEMM of docs/design.md §3.1 (per group) or §3.2 (per channel).
 
     enable_pdl (Hopper; the GEMV and wgmma kernels): launch as a programmatic dependent of the kernel
     ahead in the stream, so that this launch and its first weight loads overlap that kernel's end. The

@@ -1,4 +1,4 @@
-"""Fused per-token activation quantization on the GPU (DESIGN §3.3, §3.5, §5).
+"""Fused per-token activation quantization on the GPU (docs/design.md §3.3, §3.5, §5).
 
 Each function takes fp16 activations [..., K] and returns (qx int8 [..., K], s_x fp16 [..., 1],
 sums [...] or None), where `sums` asks for the per-token sums a GEMM subtracts: "inputs", the fp32 sum
