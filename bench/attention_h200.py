@@ -7,7 +7,7 @@
    Llama-2-7B (32 heads, D 128) and Llama-3-8B (32/8 GQA), with achieved TB/s (KV4 bytes incl.
    scales/zeros) against a measured device-to-device copy;
 3. KV4 write throughput and prefill attention at 64 x 1024 tokens next to SDPA.
-Timing (DESIGN §6, CUDA events, median of REPS): decode as CUDA-graph replays over rotating input sets
+Timing (docs/design.md §6, CUDA events, median of REPS): decode as CUDA-graph replays over rotating input sets
 (> 3x L2, so every call reads HBM; no host overhead), once per ring-stage option, launched plainly
 (the rows and summary keys) and as programmatic dependents (decode_attention's enable_pdl: "_pdl" keys;
 the kernel ahead of each call is then the previous call); "decode_step" rows time a decode step's two

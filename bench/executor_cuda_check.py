@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from qoq.executor import load_artifact_model  # noqa: E402
 from qoq.export.artifact import write_artifact  # noqa: E402
-from qoq.passes.base import BLOCK_LINEARS  # noqa: E402
+from qoq.models.llama import BLOCK_LINEARS  # noqa: E402
 from qoq.quant.linear import export_linear  # noqa: E402
 from qoq.quant.weights import quantize_weight  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""CUDA-graph timing shared by the H200 benchmark scripts (DESIGN §6: CUDA events, warm-up, median).
+"""CUDA-graph timing shared by the H200 benchmark scripts (docs/design.md §6: CUDA events, warm-up, median).
 
 Calls are captured back to back in one graph, each on its own input set, so no host overhead enters
 the timing and cycling sets larger than L2 in total makes every call read HBM.

@@ -1,6 +1,6 @@
 """Accuracy evaluation of any callable model `input_ids [B, T] -> logits [B, T, V]`.
 
-`perplexity`: WikiText-2 perplexity (DESIGN §6). `lm_eval_adapter`: lm-eval tasks (needs `lm-eval`).
+`perplexity`: WikiText-2 perplexity (docs/design.md §6). `lm_eval_adapter`: lm-eval tasks (needs `lm-eval`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""WikiText-2 perplexity, the GPTQ convention (DESIGN §6; ../shared/data/README.md).
+"""WikiText-2 perplexity, the GPTQ convention (docs/design.md §6; ../shared/data/README.md).
 
 text = "\\n\\n".join(rows of the raw test split), tokenized once with the tokenizer's defaults, cut into
 non-overlapping seq_len windows (tail dropped); each window's loss is the mean cross-entropy over its

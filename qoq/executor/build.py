@@ -8,11 +8,10 @@ import torch
 
 from qoq.export.artifact import Artifact, ArtifactError, read_artifact
 from qoq.models.config import ModelConfig
-from qoq.models.llama import CausalLM
-from qoq.passes.base import BLOCK_LINEARS
+from qoq.models.llama import BLOCK_LINEARS, CausalLM
 from qoq.quant.kv import fake_quant_kv
 from qoq.quant.linear import IntegerLinear
-from qoq.recipe import Format
+from qoq.recipe_schema import Format
 from qoq.registry import Registry
 
 # backend name -> (artifact tensors, linear prefix) -> module computing that linear

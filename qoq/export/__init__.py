@@ -1,4 +1,4 @@
-"""Artifact export (DESIGN §4): qweight packing, writer/reader with checksums, inspection."""
+"""Artifact export (docs/design.md §4): qweight packing, writer/reader with checksums, inspection."""
 
 from qoq.export.artifact import Artifact, ArtifactError, load_manifest, read_artifact, write_artifact
 from qoq.export.inspect import inspect_artifact, render_inspect

@@ -1,4 +1,4 @@
-"""Artifact directory writer and reader (DESIGN §4).
+"""Artifact directory writer and reader (docs/design.md §4).
 
 The writer builds everything in a temp dir beside the target and renames it into place, so a
 failure never leaves a half-written artifact. The reader refuses unknown format versions,

@@ -1,4 +1,4 @@
-"""qweight packing in compute-order 32x32 tiles and the s2 interleave (DESIGN §4).
+"""qweight packing in compute-order 32x32 tiles and the s2 interleave (docs/design.md §4).
 
 Two forms of the same packing: the reshape/permute form (what runtimes implement) and the
 closed-form index formula (what the kernels read); tests check they agree byte for byte.
@@ -50,7 +50,7 @@ def _closed_form_sources(n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def pack_qweight_closed_form(q: torch.Tensor) -> torch.Tensor:
-    """Same bytes as pack_qweight, from the closed-form index formula of DESIGN §4."""
+    """Same bytes as pack_qweight, from the closed-form index formula of docs/design.md §4."""
     _check_codes(q)
     n, k = q.shape
     row_lo, col = _closed_form_sources(n, k)

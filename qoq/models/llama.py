@@ -17,6 +17,13 @@ from qoq.models.rope import RotaryTable, apply_rope
 
 KVQuant = Callable[[torch.Tensor], torch.Tensor]  # [B, H_kv, T, D] -> same shape
 
+# A Block's linears (the ones a recipe quantizes) and norms, by name relative to the block
+BLOCK_LINEARS = (
+    "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+    "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
+)
+BLOCK_NORMS = ("input_layernorm", "post_attention_layernorm")
+
 
 class RMSNorm(nn.Module):
     """True RMSNorm, y = x * rsqrt(mean(x^2) + eps) * gamma, computed in fp32 and cast back."""

@@ -14,7 +14,9 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
+from qoq.models import smollm2
 from qoq.models.config import ModelConfig
+from qoq.models.errors import CheckpointError, ModelNotFoundError
 from qoq.models.llama import Block, CausalLM
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")  # "org/name" or a legacy "name"
@@ -23,14 +25,8 @@ HUB_FILES = [
     "tokenizer*", "special_tokens_map.json", "vocab.json", "merges.txt", "chat_template*",
 ]  # fmt: skip
 SINGLE_FILE, SHARD_INDEX = "model.safetensors", "model.safetensors.index.json"
-
-
-class ModelNotFoundError(FileNotFoundError):
-    """The model name is neither a checkpoint directory, a known alias, nor a reachable hub id."""
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint file is missing, truncated or corrupt, or lacks a tensor the model needs."""
+__all__ = ["CheckpointError", "CheckpointReader", "ModelNotFoundError", "load_block", "load_model", "load_skeleton",
+           "load_tokenizer", "resolve_model"]  # fmt: skip
 
 
 def resolve_model(name_or_path: str | Path) -> Path:
@@ -42,8 +38,6 @@ def resolve_model(name_or_path: str | Path) -> Path:
             raise ModelNotFoundError(f"model directory {path} has no config.json")
         return path
     if name == "smollm2-135m":
-        from qoq.models import smollm2
-
         return smollm2.ensure_converted()
     if path.exists() or not HUB_ID.match(name):
         raise ModelNotFoundError(f"model not found: {name} is not a directory with a config.json")

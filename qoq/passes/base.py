@@ -9,15 +9,8 @@ import torch
 
 from qoq.models.config import ModelConfig
 from qoq.quant.weights import QuantizedWeight
-from qoq.recipe import Recipe
+from qoq.recipe_schema import Recipe
 from qoq.registry import Registry
-
-# the quantized linears of a decoder block, by name relative to the block
-BLOCK_LINEARS = (
-    "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-    "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
-)
-
 
 @dataclass
 class ModelContext:

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
-from qoq.passes.base import BLOCK_LINEARS, PASSES, BlockContext, Pass
+from qoq.models.llama import BLOCK_LINEARS
+from qoq.passes.base import PASSES, BlockContext, Pass
 from qoq.passes.capture import SHARED_INPUT, OutputError, capture_linear_inputs
 from qoq.quant.weights import fake_quantize
 

@@ -6,13 +6,11 @@ from __future__ import annotations
 import torch
 
 from qoq.models.config import ModelConfig
-from qoq.passes.base import BLOCK_LINEARS
+from qoq.models.llama import BLOCK_LINEARS, BLOCK_NORMS
 from qoq.quant.kv import fake_quant_kv
 from qoq.quant.linear import IntegerLinear, export_linear
 from qoq.quant.weights import QuantizedWeight
-from qoq.recipe import Format
-
-BLOCK_NORMS = ("input_layernorm", "post_attention_layernorm")
+from qoq.recipe_schema import Format
 
 
 def round_to_storage(module: torch.nn.Module) -> None:

@@ -21,7 +21,7 @@ from qoq.models.loader import CheckpointReader, load_block, load_skeleton, load_
 from qoq.passes.base import PASSES, BlockContext, ModelContext
 from qoq.passes.finalize import block_tensors, model_tensors, round_to_storage, swap_quantized
 from qoq.progress import StepProgress, peak_rss_gib, rss_gib
-from qoq.recipe import Recipe, RecipeError
+from qoq.recipe_schema import Recipe, RecipeError
 
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",

@@ -1,4 +1,4 @@
-"""Activation-aware channel reorder for group recipes (DESIGN §3.6).
+"""Activation-aware channel reorder for group recipes (docs/design.md §3.6).
 
 A weight group's 4-bit range is set by its largest column; outlier input channels of down_proj spread
 over many groups coarsen all of them. Sorting down_proj's input channels by ascending calibration

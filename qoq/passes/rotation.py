@@ -1,4 +1,4 @@
-"""Offline rotation (QuaRot-style, as QServe applies it; DESIGN §3.6): the residual stream is rotated
+"""Offline rotation (QuaRot-style, as QServe applies it; docs/design.md §3.6): the residual stream is rotated
 by an orthogonal R so activation outlier channels are spread over all channels before A8 quantization.
 
 RMSNorm commutes with R once its γ is folded into the linears it feeds (γ := 1; the norm stays applied):

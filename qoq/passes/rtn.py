@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from qoq.passes.base import BLOCK_LINEARS, PASSES, BlockContext, Pass
+from qoq.models.llama import BLOCK_LINEARS
+from qoq.passes.base import PASSES, BlockContext, Pass
 from qoq.quant.weights import quantize_weight
 
 

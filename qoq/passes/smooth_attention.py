@@ -1,4 +1,4 @@
-"""SmoothAttention (QServe §4.2, DESIGN §3.6): move post-RoPE key outlier channels into the queries.
+"""SmoothAttention (QServe §4.2, docs/design.md §3.6): move post-RoPE key outlier channels into the queries.
 
 K is quantized to 4 bits per token and head after RoPE; a few large key channels stretch that range.
 Scaling query rows by λ and key rows by 1/λ keeps every q·k, and Q is never quantized. RoPE rotates

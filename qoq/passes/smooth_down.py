@@ -1,4 +1,4 @@
-"""Output smoothing of the FFN (QServe's SmoothLinear on down_proj, DESIGN §3.6).
+"""Output smoothing of the FFN (QServe's SmoothLinear on down_proj, docs/design.md §3.6).
 
 down_proj's input X = SiLU(gate)·up has outlier channels that ruin per-token INT8. Dividing up_proj's
 row j by λ_j divides X_j by λ_j (the product is linear in up's output), and multiplying W_down[:, j] by

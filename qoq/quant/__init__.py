@@ -1,4 +1,4 @@
-"""Quantizer math (DESIGN §3): W4 weights, A8 activations, KV4, and quantized linears."""
+"""Quantizer math (docs/design.md §3): W4 weights, A8 activations, KV4, and quantized linears."""
 
 from qoq.quant.activations import fake_quant_tokens, quantize_tokens
 from qoq.quant.kv import dequantize_kv, fake_quant_kv, quantize_kv

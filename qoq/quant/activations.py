@@ -1,4 +1,4 @@
-"""Dynamic per-token symmetric INT8 activations (DESIGN §3.3); math in fp32 whatever x's dtype."""
+"""Dynamic per-token symmetric INT8 activations (docs/design.md §3.3); math in fp32 whatever x's dtype."""
 
 from __future__ import annotations
 

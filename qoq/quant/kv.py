@@ -1,4 +1,4 @@
-"""Dynamic per-token, per-head asymmetric UINT4 KV cache quantization (DESIGN §3.4).
+"""Dynamic per-token, per-head asymmetric UINT4 KV cache quantization (docs/design.md §3.4).
 
 Applied over the last axis (head_dim) of K after RoPE and of V; math in fp32, scale and zero fp16.
 """

@@ -1,5 +1,5 @@
 """IntegerLinear: the runtime's W4A8 arithmetic in torch (per-token INT8 activations times integer
-weights, exact integer accumulation, fp32 epilogue of DESIGN §3.1 / §3.2), built either from a
+weights, exact integer accumulation, fp32 epilogue of docs/design.md §3.1 / §3.2), built either from a
 QuantizedWeight (the pipeline's in-memory model) or from artifact tensors (the executor), so both compute
 the same numbers; plus export_linear (QuantizedWeight -> artifact tensors). forward(x [..., K]) returns
 [..., N] in x's dtype.
@@ -41,7 +41,7 @@ class IntegerLinear(nn.Module):
 
     @classmethod
     def from_tensors(cls, tensors: dict[str, torch.Tensor], prefix: str) -> "IntegerLinear":
-        """Build from the artifact tensors of DESIGN §4 named `{prefix}.qweight` etc."""
+        """Build from the artifact tensors of docs/design.md §4 named `{prefix}.qweight` etc."""
 
         def get(name: str) -> torch.Tensor:
             if f"{prefix}.{name}" not in tensors:
@@ -111,7 +111,7 @@ class IntegerLinear(nn.Module):
 
 
 def export_linear(prefix: str, qw: QuantizedWeight, bias: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-    """QuantizedWeight -> the artifact tensors of DESIGN §4 for the linear `prefix`."""
+    """QuantizedWeight -> the artifact tensors of docs/design.md §4 for the linear `prefix`."""
     out = {f"{prefix}.qweight": pack_qweight(qw.q), f"{prefix}.s1_scales": qw.s1.half()}
     if qw.group_size == -1:
         out[f"{prefix}.s1_szeros"] = qw.szero.half()

@@ -1,4 +1,4 @@
-"""4-bit weight quantizers: progressive group (DESIGN §3.1) and per channel (§3.2).
+"""4-bit weight quantizers: progressive group (docs/design.md §3.1) and per channel (§3.2).
 
 All math in float32, scales stored as fp16, rounding half-to-even (torch.round). W is [N, K].
 """

@@ -37,9 +37,7 @@ def split_plan(batch: int, num_kv_heads: int, max_seq_len: int, num_sms: int, nu
     not split, its splits' merge costing more than they save; a longer one gets up to two (sequence, KV
     head, split) CTAs per SM where the batch alone gives fewer, at least 3 pages a split, or at least 32
     where the unsplit grid already fills half the SMs, rounded down to a power of two (at B1, 3 and 6
-    splits time slower than 4). Swept on H200 (split_sweep in bench/results/attention_h200.json), us:
-    Llama-3 B1 L512 5.9 unsplit vs 6.8 in 8; B16 L1536 13.2 unsplit vs 15.3 in 2; B16 L4096 28.7 in 2
-    vs 29.0 unsplit; Llama-2 B1 L1536 8.0 in 8 vs 8.4 in 4."""
+    splits time slower than 4). Fit to the split sweep of bench/attention_h200.py."""
     max_pages = max(1, math.ceil(max_seq_len / PAGE_TOKENS))
     if num_splits is None:
         ctas = batch * num_kv_heads
@@ -64,7 +62,7 @@ def plan_stages(batch: int, num_kv_heads: int, num_splits: int, head_dim: int, n
     bytes) keep more copies in flight, which pays once the grid is two or more waves of CTAs, and in an
     unsplit grid of at most one CTA per SM (its 4 warps alone keep the SM's copies in flight); otherwise
     two start faster, the first burst of copies being smaller, and split CTAs have few chunks a warp
-    (measured on H200: kv4_ms_by_stages in bench/results/attention_h200.json)."""
+    (bench/attention_h200.py times both ring depths)."""
     ctas = batch * num_kv_heads * num_splits
     many = ctas >= 2 * CTAS_PER_SM * num_sms or (num_splits == 1 and ctas <= num_sms)
     return 3 if 3 in supported_stages(head_dim) and many else 2

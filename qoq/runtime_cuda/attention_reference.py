@@ -1,4 +1,4 @@
-"""Pure-torch references of the KV4 paged-attention kernels, with the same contracts (DESIGN §3.4,
+"""Pure-torch references of the KV4 paged-attention kernels, with the same contracts (docs/design.md §3.4,
 §3.5, §5). They run on CPU in CI; GPU tests compare the CUDA kernels against them.
 
 Page layout (one layer, K or V, PAGE_TOKENS tokens): `[H_kv][64][D/2]` nibble codes (element d in

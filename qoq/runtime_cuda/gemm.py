@@ -1,4 +1,4 @@
-"""W4A8 GEMM on the GPU from the artifact tensors of DESIGN §4 (no repacking: the compute-order
+"""W4A8 GEMM on the GPU from the artifact tensors of docs/design.md §4 (no repacking: the compute-order
 qweight tiles are the mma.m16n8k32 B fragments the kernels read).
 
 Per group (§3.1): Y = s_x · s1 · Σ_k qx·(q·s2 + s2_zeros); per channel (§3.2): Y = s_x · s · Σ_k qx·q − z·Σx.
@@ -13,6 +13,7 @@ which layout a GEMM of M tokens takes.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
@@ -46,25 +47,15 @@ TILED_VARIANTS = ("gemv16", "gemv16p")  # the kernels that read A-fragment tiles
 
 def tiles_for(m: int, group: int) -> bool:
     """Whether a GEMM of m tokens (auto_variant's pick) reads its activations as A-fragment tiles: at every
-    M <= 16 the GEMVs are compiled for. At M = 16 tiles took the 16-warp GEMVs to 0.77-0.84x the time of
-    staged rows as programmatic dependents (bench/results/ab_h200/ab_gemv16_tiled_*.json,
-    ab_gemv16p_tiled_*.json), under M = 1's staged time (qkv_proj g128: 8.99 us at M = 16 against 10.25 at
-    M = 1 when tiles began at M = 9: bench/results/probes_h200/gemm_h200_tiles_from_m9.json). Tiles of fewer
-    rows carry all 16 rows' bytes, and so cost what M = 16 costs (8.52 us at M = 1 in gemm_h200.json)."""
+    M <= 16 the GEMVs are compiled for. Tiles go straight into registers with each run's weights, where
+    staged rows wait on shared memory; tiles of fewer rows carry all 16 rows' bytes, so every M <= 16
+    costs what M = 16 does, which is still less than staging a single row."""
     return 1 <= m <= TILE_ROWS and group in GEMV_GROUPS  # no tokens: rows, which the kernels skip
 
 
 def extension():
     """The compiled module (built on first use, then cached by source hash)."""
     return load_extension("qoq_w4a8", SOURCES)
-
-
-def checked(result):
-    """An extension call's result; the extension returns bad arguments' problem as text rather than
-    throwing (csrc/gemm_bindings.cpp)."""
-    if isinstance(result, str):
-        raise ValueError(result)
-    return result
 
 
 @lru_cache(maxsize=None)
@@ -77,67 +68,84 @@ def _multiprocessors(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+@dataclass(frozen=True)
+class Routing:
+    """auto_variant's thresholds, one field per regime boundary. Fit to the variant sweep of
+    bench/gemm_h200.py on an H200 (bench/results/gemm_h200.json); re-run it before moving one."""
+
+    long_k: int = 8192  # from this K a GEMM counts as long: many k-steps per block
+    gemv_max_m: int = 32  # non-Hopper: the GEMV (rows) up to this M
+    gemv_small_max_m: int = 64  # and up to this M where N and K are both at most
+    gemv_small_max_nk: int = 4096  # this (too few tiled blocks to fill the GPU)
+    pdl_gemv_max_m: int = 32  # Hopper: the GEMV up to this M only as a per-group programmatic dependent
+    tiled128_waves: float = 1.9  # non-Hopper: 128-row blocks from this many waves of 128x128 tiles
+    wg_wave: float = 0.9  # Hopper: 128x128 tiles considered from this fraction of one wave of them
+    wg_full_tile_m: int = 512  # and from this M, whose 128-token tiles are full, read each weight tile least
+    wg128x128_per_sm: int = 2  # resident blocks per SM (registers) of the 128x128 tile
+    wg128x64_per_sm: int = 3  # and of the 128x64 one
+    wg_split_weight_long_k: float = 0.8  # a 128x128 grid just under one wave splits in two: pays at long K
+    wg_split_weight: float = 1.01  # and elsewhere does not (a tie in waves goes to 128x64)
+    wg_half_empty_m: int = 32  # up to this M a 64-token tile is half empty, so 128x64 tiles from
+    wg_half_empty_blocks: int = 96  # this many blocks
+
+
+ROUTING = Routing()
+
+
 def auto_variant(m: int, n: int, k: int, group: int, multiprocessors: int, hopper: bool = False,
-                 pdl: bool = False) -> str:
-    """Kernel for an [M, K] x [K, N] product (chosen from bench/gemm_h200.py's variant sweep); `pdl`: launched
-    as a programmatic dependent (w4a8_gemm's enable_pdl, Hopper). Where tiles_for(m, group), one that reads
-    tiles."""
+                 pdl: bool = False, routing: Routing = ROUTING) -> str:
+    """Kernel for an [M, K] x [K, N] product; `pdl`: launched as a programmatic dependent (w4a8_gemm's
+    enable_pdl, Hopper). Where tiles_for(m, group), one that reads tiles."""
+    r = routing
     gemv_ok = group in GEMV_GROUPS
     gemvp_ok = gemv_ok and n * k // 2 < GEMVP_MAX_WEIGHT_BYTES
+    long_k = k >= r.long_k
+    one_wave = n // 32 <= multiprocessors  # the GEMVs' 32-column blocks
     if tiles_for(m, group):
-        # M <= 16, tiled activations. Over one wave of 32-column blocks the persistent GEMV, which has no
-        # partly filled last wave (qkv_proj g128 M=16 8.99 us against 11.71 for gemv16); in one wave gemv16
-        # (o_proj g128 4.09 against 4.23), but per group at long K the persistent one (down_proj g128 8.10
-        # against 8.79).
-        long_k = group != -1 and k >= 8192
-        return "gemv16p" if gemvp_ok and (n // 32 > multiprocessors or long_k) else "gemv16"
-    if hopper:  # from M = 17 (H200, M = 32: o_proj g128 9.9 vs 10.1 us for the GEMV, qkv_proj 16.4 vs 26.5)
-        # but as programmatic dependents a one-wave GEMV per group still wins at M = 32 (o_proj g128 8.7 vs
-        # 9.5 us for wg64x64k2; per channel wg64x64k2 7.6 vs 9.9)
-        if pdl and gemv_ok and group != -1 and m <= 32 and n // 32 <= multiprocessors and k < 8192:
+        # The persistent GEMV has no partly filled last wave; in one wave the plain one starts faster,
+        # except per group at long K.
+        return "gemv16p" if gemvp_ok and (not one_wave or (group != -1 and long_k)) else "gemv16"
+    if hopper:
+        # A programmatic dependent's GEMV overlaps the kernel ahead, which keeps it ahead of the wgmma
+        # tiles per group in one wave at short K.
+        if pdl and gemv_ok and group != -1 and m <= r.pdl_gemv_max_m and one_wave and not long_k:
             return "gemv"
-        return _wgmma_variant(m, n, k, group, multiprocessors)
-    if gemv_ok and (m <= 32 or (m <= GEMV_MAX_M and n <= 4096 and k <= 4096)):
+        return _wgmma_variant(m, n, k, group, multiprocessors, r)
+    if gemv_ok and (m <= r.gemv_max_m or (m <= r.gemv_small_max_m and n <= r.gemv_small_max_nk
+                                          and k <= r.gemv_small_max_nk)):
         return "gemv"
-    # Below ~2 waves of 128x128 tiles, 64-row blocks (split K when under one wave); beyond, 128-row
-    # blocks, dequantizing each weight fragment once per block where dequantization costs most.
-    blocks128 = -(-m // 128) * -(-n // 128)
-    if blocks128 >= 1.9 * multiprocessors:
+    # Few waves: 64-row blocks (split K under one wave); beyond, 128-row blocks, dequantizing each
+    # weight fragment once per block where dequantization costs most (per group).
+    if _ceil(m, 128) * _ceil(n, 128) >= r.tiled128_waves * multiprocessors:
         return "tiled128" if group == -1 else "tiled128w"
     return "tiled64w"
 
 
-def _wgmma_variant(m: int, n: int, k: int, group: int, multiprocessors: int) -> str:
-    """The Hopper tile for M > 16, fit to the H200 sweep in bench/results/gemm_h200.json (every pick within
-    7% of the fastest variant at M = 32..2048, per group and per channel; 48 of the 56 are
-    the fastest). The kernels split K over clusters where a grid leaves SM slots empty
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _wgmma_variant(m: int, n: int, k: int, group: int, multiprocessors: int, r: Routing) -> str:
+    """The Hopper tile for M > 16. The kernels split K over clusters where a grid leaves SM slots empty
     (csrc/gemm_w4a8.cu, wgmma_splits)."""
-    blocks128 = -(-m // 128) * -(-n // 128)  # 128x128 tiles, 2 per SM
-    blocks64 = -(-m // 64) * -(-n // 128)  # 128x64 tiles, 3 per SM
-    if blocks128 >= 0.9 * multiprocessors and m >= 512 and blocks64 <= 3 * multiprocessors:
-        # Under one wave of either tile with full 128-token tiles (M = 512, N = 4096): 128x128 blocks read
-        # each weight tile half as often (o_proj g128 M=512 20.6 vs 24.7 us as programmatic dependents,
-        # 21.4 vs 21.0 plainly); per channel at K < 8192 the 64x64 tile's one-LOP3 dequantization is
-        # faster still (17.4 vs 20.4 us; down_proj per channel 40.4 vs 37.0: 128x128)
-        return "wg64x64" if group == -1 and k < 8192 else "wg128x128"
-    if blocks128 >= 0.9 * multiprocessors:
-        # Fewest waves, each weighted by a wave's time relative to wg128x64's: one of 128x128 blocks
-        # takes about as long (218-224 registers, 2 per SM, where 128x64 runs 3); a grid just under one
-        # wave is split in two, each half a wave shorter, which pays off for long K (M = 512 down_proj
-        # g128: 40.4 vs 48.6 us) but not at K = 4096 (o_proj per channel: 21.2 vs 18.4 us).
-        split_gain = 0.8 if blocks128 < multiprocessors and k >= 8192 else 1.01
-        waves128 = -(-blocks128 // (2 * multiprocessors)) * split_gain
-        return "wg128x128" if waves128 < -(-blocks64 // (3 * multiprocessors)) else "wg128x64"
+    blocks128 = _ceil(m, 128) * _ceil(n, 128)  # 128x128 tiles
+    blocks64 = _ceil(m, 64) * _ceil(n, 128)  # 128x64 tiles
+    if blocks128 >= r.wg_wave * multiprocessors:
+        if m >= r.wg_full_tile_m and blocks64 <= r.wg128x64_per_sm * multiprocessors:
+            # Under one wave of either tile with full tiles: 128x128 blocks read each weight tile half as
+            # often; per channel at short K the 64x64 tile's one-LOP3 dequantization is faster still.
+            return "wg64x64" if group == -1 and k < r.long_k else "wg128x128"
+        # Fewest waves, a 128x128 wave taking about as long as a 128x64 one.
+        split = r.wg_split_weight_long_k if blocks128 < multiprocessors and k >= r.long_k else r.wg_split_weight
+        waves128 = _ceil(blocks128, r.wg128x128_per_sm * multiprocessors) * split
+        return "wg128x128" if waves128 < _ceil(blocks64, r.wg128x64_per_sm * multiprocessors) else "wg128x64"
     # Per channel, where 128x64 tiles would fill one to two blocks per SM, 64x64 tiles (4 per SM, split in
-    # two): their one-LOP3 dequantization makes them the faster (qkv_proj M=128 per channel 15.9 vs
-    # 17.4 us; per group the 128x64 tile, 19.7 vs 21.9).
+    # two), for their one-LOP3 dequantization.
     if group == -1 and multiprocessors <= blocks64 < 2 * multiprocessors:
         return "wg64x64"
-    # Fewer tiles: 128x64 ones (split in two under one wave) where they give a wave of blocks, or from
-    # 96 blocks at M <= 32, where a 64-token tile is half empty (qkv_proj g128 M=32 15.8 vs 18.5 us);
-    # else 64x64 tiles of two warpgroups, split in two under one wave (o_proj g128 M=64 9.8 us against
-    # 11.6 for 128x64 and 15.5 for the GEMV; M=256 13.9 against 15.2).
-    if blocks64 >= multiprocessors or (blocks64 >= 96 and m <= 32):
+    # Fewer tiles: 128x64 ones (split in two under one wave) where they give a wave of blocks, or at small
+    # M from enough blocks, where a 64-token tile is half empty; else 64x64 tiles of two warpgroups.
+    if blocks64 >= multiprocessors or (blocks64 >= r.wg_half_empty_blocks and m <= r.wg_half_empty_m):
         return "wg128x64"
     return "wg64x64k2"
 
@@ -193,10 +201,7 @@ def _require(t: torch.Tensor, name: str, dtype: torch.dtype, shape: tuple, qx: t
 def _operands(qx: torch.Tensor, qweight: torch.Tensor, s2_scales, s2_zeros,
               m: int | None = None) -> tuple[torch.Tensor, int, int]:
     """Checks qx (rows [M, K], or with `m` tiles [K/32, 32, 16]), qweight and the per-group tables; returns
-    qweight as int8, the group size (-1: none) and M.
-
-    These Python checks are the ones that raise: on the device, a problem the extension itself found
-    and returned as text still crashed the process (see csrc/gemm_bindings.cpp)."""
+    qweight as int8, the group size (-1: none) and M."""
     tiled = qx.dim() == 3
     if qx.dim() not in (2, 3) or qx.dtype != torch.int8 or qweight.dim() != 2 or qweight.element_size() != 1:
         raise ValueError(f"need qx int8 [M, K] (or tiles [K/32, 32, 16]) and qweight int8 [N, K/2], got {qx.dtype} "
@@ -253,7 +258,7 @@ def w4a8_gemm(
     variant: str = "auto",
     enable_pdl: bool = False,
 ) -> torch.Tensor:
-    """fp16 [M, N] = the GEMM of DESIGN §3.1 (per group) or §3.2 (per channel).
+    """fp16 [M, N] = the GEMM of docs/design.md §3.1 (per group) or §3.2 (per channel).
 
     enable_pdl (Hopper; the GEMV and wgmma kernels): launch as a programmatic dependent of the kernel
     ahead in the stream, so that this launch and its first weight loads overlap that kernel's end. The
@@ -271,8 +276,8 @@ def w4a8_gemm(
             _require(t, name, dtype, shape, qx)
     variant_id = _variant_id(variant, qx, m, n, k, group, enable_pdl)
     qsum = _code_sums(qx, m, qsum, variant_id, group)
-    return checked(extension().gemm(qx, s_x, qweight, s1_scales, s2_scales, s2_zeros, s1_szeros, xsum, qsum, bias,
-                                    out, variant_id, enable_pdl, m if qx.dim() == 3 else 0))
+    return extension().gemm(qx, s_x, qweight, s1_scales, s2_scales, s2_zeros, s1_szeros, xsum, qsum, bias, out,
+                            variant_id, enable_pdl, m if qx.dim() == 3 else 0)
 
 
 def w4a8_accumulators(
@@ -293,5 +298,5 @@ def w4a8_accumulators(
         _require(out, "out", torch.int32, (m, n), qx)
     variant_id = _variant_id(variant, qx, m, n, k, group)
     qsum = _code_sums(qx, m, qsum, variant_id, group)
-    return checked(extension().gemm_accumulators(qx, qweight, s2_scales, s2_zeros, qsum, out, variant_id,
-                                                 m if qx.dim() == 3 else 0))
+    return extension().gemm_accumulators(qx, qweight, s2_scales, s2_zeros, qsum, out, variant_id,
+                                         m if qx.dim() == 3 else 0)

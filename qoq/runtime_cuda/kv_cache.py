@@ -1,5 +1,5 @@
 """Paged KV4 cache: page pools per layer for K and V, sized from a byte budget, and page tables per
-sequence (DESIGN §5; page layout in attention_reference.py).
+sequence (docs/design.md §5; page layout in attention_reference.py).
 
 Every layer uses the same page ids: a sequence's page table indexes all layers' pools.
 """

@@ -1,4 +1,4 @@
-"""CudaW4A8Linear: a quantized linear on the GPU kernels, built from DESIGN §4 artifact tensors."""
+"""CudaW4A8Linear: a quantized linear on the GPU kernels, built from docs/design.md §4 artifact tensors."""
 
 from __future__ import annotations
 

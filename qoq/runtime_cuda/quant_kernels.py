@@ -1,4 +1,4 @@
-"""Fused per-token activation quantization on the GPU (DESIGN §3.3, §3.5, §5).
+"""Fused per-token activation quantization on the GPU (docs/design.md §3.3, §3.5, §5).
 
 Each function takes fp16 activations [..., K] and returns (qx int8 [..., K], s_x fp16 [..., 1],
 sums [...] or None), where `sums` asks for the per-token sums a GEMM subtracts: "inputs", the fp32 sum
@@ -14,16 +14,13 @@ from __future__ import annotations
 import torch
 
 from qoq.runtime_cuda.devices import same_device
-from qoq.runtime_cuda.gemm import checked, extension
+from qoq.runtime_cuda.gemm import extension
 from qoq.runtime_cuda.reference import TILE_ROWS, row_sums_code
 
 
 def _rows(x: torch.Tensor, name: str, tiles: bool = False) -> torch.Tensor:
     """[..., K] -> [T, K] view whose rows start 16-byte aligned (copied if they do not); with `tiles`, at
-    most 16 of them and K a multiple of 32.
-
-    Checked here, not in the extension: on the device a problem the extension found crashed the
-    process instead of raising (csrc/gemm_bindings.cpp)."""
+    most 16 of them and K a multiple of 32."""
     if x.dtype != torch.float16 or not x.is_cuda:
         raise ValueError(f"{name} must be a CUDA fp16 tensor, got {x.dtype} on {x.device}")
     if x.shape[-1] % 8:
@@ -38,7 +35,7 @@ def _rows(x: torch.Tensor, name: str, tiles: bool = False) -> torch.Tensor:
 
 
 def _unflatten(result, lead: torch.Size, sums: str | None, tiles: bool):
-    qx, s_x, row_sums = checked(result)
+    qx, s_x, row_sums = result
     return (
         qx if tiles else qx.reshape(*lead, qx.shape[-1]),
         s_x.reshape(*lead, 1),

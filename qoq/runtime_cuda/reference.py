@@ -1,6 +1,6 @@
 """Pure-torch references with exactly the contracts of the CUDA kernels (CPU or GPU).
 
-GEMM: from the packed artifact tensors of DESIGN §4, exact integer accumulation, fp32 epilogue; the
+GEMM: from the packed artifact tensors of docs/design.md §4, exact integer accumulation, fp32 epilogue; the
 activations as rows [M, K] or, for the 16-warp GEMVs, as A-fragment tiles (rows_to_tiles).
 Fused quantizers: the fp16 GEMM input (x, RMSNorm(x) or silu(gate)*up) quantized per token (§3.3),
 plus, when asked, the per-token sums of that fp16 input ("inputs") or of the codes ("codes").

@@ -1,4 +1,4 @@
-"""qweight compute-order packing and s2 interleave (DESIGN §4)."""
+"""qweight compute-order packing and s2 interleave (docs/design.md §4)."""
 
 import pytest
 import torch

@@ -7,7 +7,8 @@ import torch
 from qoq.models.config import ModelConfig
 from qoq.models.llama import Block
 from qoq.passes import clip as _registers  # noqa: F401
-from qoq.passes.base import BLOCK_LINEARS, BlockContext
+from qoq.models.llama import BLOCK_LINEARS
+from qoq.passes.base import BlockContext
 from qoq.passes.capture import SHARED_INPUT, capture_linear_inputs
 from qoq.passes.capture import OutputError
 from qoq.passes.clip import Clip, ClipOptions, search_clip_ratios

@@ -52,7 +52,7 @@ def outlier_block() -> Block:
 
 
 def w4a8_output(x: torch.Tensor, w: torch.Tensor, group_size: int) -> torch.Tensor:
-    """Reference W4A8 linear from the quantizers: x [M, K], w [N, K] -> [M, N] (DESIGN §3.1 / §3.2 GEMM)."""
+    """Reference W4A8 linear from the quantizers: x [M, K], w [N, K] -> [M, N] (docs/design.md §3.1 / §3.2 GEMM)."""
     qw, x_hat = quantize_weight(w, group_size), fake_quant_tokens(x)
     if group_size == -1:  # the zero term uses the activation sum before quantization
         return x_hat @ (qw.q.float() * qw.s1.float()[:, None]).t() - x.sum(-1, keepdim=True) * qw.szero.float()

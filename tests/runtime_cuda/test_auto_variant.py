@@ -1,41 +1,82 @@
-"""gemm.auto_variant against the committed H200 sweep (CPU: it only reads bench/results/gemm_h200.json).
+"""gemm.auto_variant and gemm.tiles_for: properties of the routing rule (CPU; no kernel runs).
 
-The heuristic was fit to that sweep; this keeps a change to it (or a new sweep) from silently picking
-kernels that measured slow on the machine the targets are stated for.
+The thresholds come from a benchmark (gemm.Routing); these tests hold what must stay true whatever the
+thresholds: every pick is a kernel that accepts the shape, tiles go with the tile-reading kernels, and
+the regimes follow one another in M without coming back.
 """
 
-import json
-from collections import defaultdict
-from pathlib import Path
+import itertools
 
-from qoq.runtime_cuda.gemm import VARIANTS, auto_variant, tiles_for
+from qoq.runtime_cuda.gemm import (
+    GEMV_GROUPS, GEMV_MAX_M, GEMVP_MAX_M, GEMVP_MAX_WEIGHT_BYTES, ROUTING, TILED_VARIANTS, VARIANTS, Routing,
+    auto_variant, tiles_for,
+)
 
-SWEEP = Path(__file__).resolve().parents[2] / "bench" / "results" / "gemm_h200.json"
-
-
-def _timed_variants() -> tuple[dict, dict]:
-    """The sweep, and (group, N, K, M) -> {variant: µs} over every kernel variant it timed."""
-    result = json.loads(SWEEP.read_text())
-    times = defaultdict(dict)
-    for row in result["bench"]:
-        if row["method"].startswith("w4a8") and row.get("variant", "auto") not in ("auto", "auto_no_pdl") and "us" in row:
-            group = -1 if row["method"] == "w4a8_pc" else int(row["method"].removeprefix("w4a8_g"))
-            times[(group, row["n"], row["k"], row["m"])][row["variant"]] = row["us"]
-    return result, times
+MS = sorted({*range(0, 70), 96, 128, 129, 255, 256, 384, 511, 512, 513, 1024, 2048, 4096, 16384})
+SHAPES = [(4096, 4096), (12288, 4096), (11008, 4096), (4096, 11008), (22016, 4096), (6144, 4096), (1024, 4096),
+          (4096, 8192), (14336, 8192), (128256, 4096), (32, 32), (160, 96), (262144, 32768)]  # (N, K)
+GROUPS = (-1, 64, 128, 256)
+SMS = (8, 78, 108, 132)
 
 
-def test_auto_variant_is_within_8_percent_of_the_fastest_timed_kernel():
-    result, times = _timed_variants()
-    assert len(times) == 2 * 4 * 9  # g128 and per channel x four Llama-2 shapes x nine M
-    slow = {}
-    for (group, n, k, m), by_variant in times.items():
-        # the sweep launches as CudaW4A8Linear does: programmatic dependents on Hopper
-        pick = auto_variant(m, n, k, group, result["multiprocessors"], result["hopper"], pdl=True)
-        assert pick in VARIANTS and pick in by_variant, (group, n, k, m, pick)
-        ratio = by_variant[pick] / min(by_variant.values())
-        if ratio > 1.08:
-            slow[(group, n, k, m)] = (pick, round(ratio, 3), min(by_variant, key=by_variant.get))
-    assert not slow, slow
+def _grid():
+    for (n, k), group, sms, hopper, pdl in itertools.product(SHAPES, GROUPS, SMS, (False, True), (False, True)):
+        yield n, k, group, sms, hopper, pdl
+
+
+def _family(variant: str) -> str:
+    return "tiles" if variant in TILED_VARIANTS else "gemv" if variant.startswith("gemv") else "blocks"
+
+
+def test_every_pick_is_a_variant_that_accepts_the_shape():
+    for n, k, group, sms, hopper, pdl in _grid():
+        for m in MS:
+            pick = auto_variant(m, n, k, group, sms, hopper, pdl)
+            where = (m, n, k, group, sms, hopper, pdl, pick)
+            assert pick in VARIANTS, where
+            if pick.startswith("gemv"):
+                assert m <= GEMV_MAX_M and group in GEMV_GROUPS, where
+            if pick == "gemv16p":
+                assert m <= GEMVP_MAX_M and n * k // 2 < GEMVP_MAX_WEIGHT_BYTES, where
+            if pick.startswith("wg"):
+                assert hopper, where
+            elif hopper:  # on Hopper every M > 16 goes to wgmma, but a dependent's per-group GEMV
+                assert pick in TILED_VARIANTS or (pick == "gemv" and pdl and group != -1), where
+
+
+def test_tiles_are_read_exactly_where_tiles_for_says():
+    for n, k, group, sms, hopper, pdl in _grid():
+        for m in MS:
+            pick = auto_variant(m, n, k, group, sms, hopper, pdl)
+            assert (pick in TILED_VARIANTS) == tiles_for(m, group), (m, n, k, group, sms, hopper, pdl, pick)
+    for m, group in itertools.product(MS, GROUPS):
+        assert tiles_for(m, group) == (1 <= m <= GEMVP_MAX_M and group in GEMV_GROUPS)
+
+
+def test_regimes_follow_one_another_in_m():
+    # tiles (M <= 16), then rows in a GEMV, then blocks (tiled MMA or wgmma); none comes back at a larger M
+    order = ["tiles", "gemv", "blocks"]
+    for n, k, group, sms, hopper, pdl in _grid():
+        families = [_family(auto_variant(m, n, k, group, sms, hopper, pdl)) for m in MS if m > 0]
+        ranks = [order.index(f) for f in families]
+        assert ranks == sorted(ranks), (n, k, group, sms, hopper, pdl, families)
+
+
+def test_the_wide_tiles_once_picked_stay_picked_at_larger_m():
+    # non-Hopper: 128-row blocks from some number of waves of them, for every larger M
+    for (n, k), group, sms in itertools.product(SHAPES, GROUPS, SMS):
+        picks = [auto_variant(m, n, k, group, sms, False) for m in MS if m > 0]
+        wide = [p.startswith("tiled128") for p in picks]
+        assert wide == sorted(wide), (n, k, group, sms, picks)
+
+
+def test_two_warpgroup_tiles_only_where_the_grid_leaves_sms_idle():
+    # Hopper: the 64x64 tile whose two warpgroups split K is the small-grid kernel, never one for a grid
+    # of 128x64 tiles that fills every SM
+    for n, k, group, sms, hopper, pdl in _grid():
+        for m in MS:
+            if auto_variant(m, n, k, group, sms, hopper, pdl) == "wg64x64k2":
+                assert -(-m // 64) * -(-n // 128) < sms, (m, n, k, group, sms, pdl)
 
 
 def test_the_persistent_gemv_is_not_picked_for_weights_of_4_gib():
@@ -60,3 +101,15 @@ def test_tiled_activations_go_to_the_16_warp_gemvs():
                 assert auto_variant(m, 262144, 32768, group, 132, True, pdl) == "gemv16"
     assert not tiles_for(17, 128) and not tiles_for(16, 256) and not tiles_for(0, 128)
     assert auto_variant(16, 4096, 4096, 256, 132, True, True).startswith("wg")  # no GEMV for groups of 256
+
+
+def test_the_thresholds_are_the_routing_table():
+    # the boundaries move with the table, and only there
+    assert auto_variant(24, 4096, 4096, 128, 132) == "gemv"
+    assert auto_variant(24, 4096, 4096, 128, 132, routing=Routing(gemv_max_m=16, gemv_small_max_m=16)) != "gemv"
+    assert auto_variant(16, 4096, 11008, 128, 132, True) == "gemv16p"
+    assert auto_variant(16, 4096, 11008, 128, 132, True, routing=Routing(long_k=16384)) == "gemv16"
+    assert auto_variant(32, 4096, 4096, 128, 132, True, True) == "gemv"
+    assert auto_variant(32, 4096, 4096, 128, 132, True, True, routing=Routing(pdl_gemv_max_m=16)).startswith("wg")
+    for m, n, k, group, sms, hopper, pdl in [(2048, 4096, 4096, 128, 132, True, True), (512, 4096, 11008, -1, 132, False, False)]:
+        assert auto_variant(m, n, k, group, sms, hopper, pdl) == auto_variant(m, n, k, group, sms, hopper, pdl, ROUTING)

@@ -1,4 +1,4 @@
-"""GPU checks: the CUDA kernels against their pure-torch references (DESIGN §5 tolerances)."""
+"""GPU checks: the CUDA kernels against their pure-torch references (docs/design.md §5 tolerances)."""
 
 import pytest
 import torch

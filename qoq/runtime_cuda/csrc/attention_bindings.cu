@@ -1,4 +1,5 @@
-// Python bindings of the KV4 attention kernels. Shapes and dtypes are checked here; the Python
+// Python bindings of the KV4 attention kernels. Shapes and dtypes are checked here too, by TORCH_CHECK,
+// behind the Python wrappers' checks (the errors convention: qoq/runtime_cuda/__init__.py); the
 // wrappers in qoq/runtime_cuda/attention.py allocate outputs and workspaces.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>

@@ -3,7 +3,7 @@
 // head) to finish (atomic counter) merges all splits, so the whole op is one launch. kSplit is a
 // template parameter, not a runtime test: the kernel that never splits carries none of the merge
 // code and none of its 2 KB of static shared memory. (That scratch once pushed the ring's base off
-// its 128-byte alignment, which made the kernel 12-15% slower; the ring is now aligned whatever
+// its 128-byte alignment, which slowed the kernel; the ring is now aligned whatever
 // comes before it: decode_kv4_kernel.)
 #pragma once
 

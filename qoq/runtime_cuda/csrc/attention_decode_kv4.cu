@@ -334,8 +334,8 @@ __global__ void __launch_bounds__(kThreads, 4) decode_kv4_kernel(const DecodePar
   constexpr int kStride = kWarps * C::kTokens;  // tokens from one of a warp's chunks to its next
   // The ring's swizzle is laid out for 128-byte lines, so its base must be 128-byte aligned. The
   // dynamic window starts after the static __shared__ variables: with 2320 bytes of them (the split
-  // kernel's merge scratch) or 272, the ring sat 16 bytes off and the kernel moved 1.85x the shared
-  // wavefronts and took 12-15% longer (ncu: bench/results/probes_h200/README.md, tenth session).
+  // kernel's merge scratch) or 272, the ring sat 16 bytes off, nearly doubling the shared-memory
+  // wavefronts.
   // Declared so, trusted by the compiler, and checked once.
   extern __shared__ __align__(128) uint8_t smem[];
   if (threadIdx.x == 0 && (static_cast<uint32_t>(__cvta_generic_to_shared(smem)) & 127) != 0) __trap();

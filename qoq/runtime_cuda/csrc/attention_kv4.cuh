@@ -1,4 +1,4 @@
-// KV4 paged attention: page layout (DESIGN §5), launch parameters and device helpers shared by
+// KV4 paged attention: page layout (docs/design.md §5), launch parameters and device helpers shared by
 // kv_rope_write.cu, attention_decode_kv4.cu and attention_bindings.cu.
 //
 // Page (64 tokens, one layer, K or V): [H_kv][64][D/2] nibble codes (element d in the low nibble

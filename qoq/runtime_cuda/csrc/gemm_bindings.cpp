@@ -1,8 +1,6 @@
-// Python bindings of the W4A8 GEMM extension, and its own argument checks. A bad argument comes
-// back as the text of the problem (gemm.py's `checked` raises it) instead of a C++ exception.
-// On the device (torch 2.11 + CUDA 13, gVisor) both a TORCH_CHECK failure and this error return
-// still ended in a segfault, cause unknown; qoq.runtime_cuda.gemm / quant_kernels therefore check
-// every argument in Python first, and the messages here avoid iostreams (c10::str).
+// Python bindings of the W4A8 GEMM extension, and its own argument checks: a backstop behind the
+// Python wrappers' checks (the errors convention: qoq/runtime_cuda/__init__.py). A problem is found as
+// text (check_*) and raised by one TORCH_CHECK per entry point.
 #include <ATen/cuda/CUDAContext.h>
 #include <torch/extension.h>
 
@@ -131,7 +129,7 @@ Problem check_gemm(qoq_gemm::GemmParams& p, const at::Tensor& qx, const Opt& s_x
   return {};
 }
 
-// fp16 Y [M, N] (or the int32 accumulators when want_acc), or the problem's text.
+// fp16 Y [M, N] (or the int32 accumulators when want_acc).
 py::object run_gemm(const at::Tensor& qx, const Opt& s_x, const at::Tensor& qweight, const Opt& s1, const Opt& s2,
                     const Opt& s2_zeros, const Opt& szero, const Opt& xsum, const Opt& qsum, const Opt& bias,
                     const Opt& out, int64_t variant, bool want_acc, int64_t tile_rows, bool dependent = false) {
@@ -143,13 +141,13 @@ py::object run_gemm(const at::Tensor& qx, const Opt& s_x, const at::Tensor& qwei
     problem = check_devices(qx, qweight, {{&s_x, "s_x"}, {&s1, "s1_scales"}, {&s2, "s2_scales"}, {&s2_zeros, "s2_zeros"},
                                           {&szero, "s1_szeros"}, {&xsum, "xsum"}, {&qsum, "qsum"}, {&bias, "bias"},
                                           {&out, "out"}});
-  if (!problem.empty()) return py::str(problem);
+  TORCH_CHECK(problem.empty(), problem);
   const auto out_dtype = want_acc ? at::kInt : at::kHalf;
   at::Tensor result = out.has_value() ? *out : at::empty({p.M, p.N}, qx.options().dtype(out_dtype));
   problem = check_tensor(result, "out", out_dtype);
   if (problem.empty() && (result.dim() != 2 || result.size(0) != p.M || result.size(1) != p.N))
     problem = "out must be [M, N]";
-  if (!problem.empty()) return py::str(problem);
+  TORCH_CHECK(problem.empty(), problem);
   if (want_acc) p.acc_out = result.data_ptr<int32_t>();
   else p.out = reinterpret_cast<__half*>(result.data_ptr<at::Half>());
   if (p.M > 0) qoq_gemm::launch_gemm(p, static_cast<qoq_gemm::Variant>(variant), qx);
@@ -164,11 +162,11 @@ Problem check_rows(const at::Tensor& t, const char* name) {
   return {};
 }
 
-// {qx, s_x, sums} of quant_rows, or the problem's text.
+// {qx, s_x, sums} of quant_rows.
 py::object run_quant(qoq_quant::RowOp op, const at::Tensor& x, const at::Tensor& other, double eps, int64_t sums,
                      bool tiles) {
-  if (sums < 0 || sums > static_cast<int64_t>(qoq_quant::RowSums::Codes))
-    return py::str(text("unknown row sums ", sums, " (0: none, 1: inputs, 2: codes)"));
+  TORCH_CHECK(sums >= 0 && sums <= static_cast<int64_t>(qoq_quant::RowSums::Codes),
+              text("unknown row sums ", sums, " (0: none, 1: inputs, 2: codes)"));
   Problem problem = check_rows(x, op == qoq_quant::RowOp::SiluMul ? "gate" : "x");
   if (problem.empty() && tiles && (x.size(0) > qoq_gemm::GEMVP_MAX_M || x.size(1) % 32))
     problem = text("tiled codes need at most ", qoq_gemm::GEMVP_MAX_M, " rows and K a multiple of 32, got ", x.size(0),
@@ -185,7 +183,7 @@ py::object run_quant(qoq_quant::RowOp op, const at::Tensor& x, const at::Tensor&
   if (problem.empty() && op != qoq_quant::RowOp::Plain && other.device() != x.device())
     problem = text(op == qoq_quant::RowOp::SiluMul ? "up" : "weight", " is on ", other.device(), ", the activations on ",
                    x.device());
-  if (!problem.empty()) return py::str(problem);
+  TORCH_CHECK(problem.empty(), problem);
   return py::cast(qoq_quant::quant_rows(op, x, other, eps, static_cast<qoq_quant::RowSums>(sums), tiles));
 }
 
@@ -197,12 +195,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                    const Opt& bias, const Opt& out, int64_t variant, bool enable_pdl, int64_t tile_rows) {
     return run_gemm(qx, s_x, qweight, s1, s2, s2_zeros, szero, xsum, qsum, bias, out, variant, false, tile_rows,
                     enable_pdl);
-  }, "W4A8 GEMM -> fp16 [M, N], or the text of a problem with the arguments");
+  }, "W4A8 GEMM -> fp16 [M, N]");
   m.def("gemm_accumulators", [](const at::Tensor& qx, const at::Tensor& qweight, const Opt& s2, const Opt& s2_zeros,
                                 const Opt& qsum, const Opt& out, int64_t variant, int64_t tile_rows) {
     return run_gemm(qx, c10::nullopt, qweight, c10::nullopt, s2, s2_zeros, c10::nullopt, c10::nullopt, qsum,
                     c10::nullopt, out, variant, true, tile_rows);
-  }, "W4A8 GEMM int32 accumulators [M, N] (debug), or the text of a problem");
+  }, "W4A8 GEMM int32 accumulators [M, N] (debug)");
   m.def("quant_tokens", [](const at::Tensor& x, int64_t sums, bool tiles) {
     return run_quant(qoq_quant::RowOp::Plain, x, at::Tensor(), 0.0, sums, tiles);
   });

@@ -137,9 +137,8 @@ static CUtensorMap weight_map(const GemmParams& p, int rows) {
 // K splits of a wgmma grid of `blocks` (split across the blocks of a cluster: wgmma_store). Under one
 // wave, until about two blocks per SM run; a larger grid that fills under half of the SMs' slots for
 // this kernel (`per_sm` blocks each), in two. Each warpgroup keeps >= 8 k-steps, as the stages' fill
-// latency dominates shorter ones, and two-warpgroup blocks split at most in two. H200 split sweep
-// (bench/results/ab_h200/wgmma_split_sweep.json): o_proj g128 M=64 wg64x64k2 9.9 us split in 2 (8 k-steps
-// a warpgroup), 18.3 in 4; qkv_proj M=128 wg128x64 (192 blocks) 21.6 in 2, 24.3 unsplit.
+// latency dominates shorter ones, and two-warpgroup blocks split at most in two (in four they were
+// slower than in two).
 static int wgmma_splits(int blocks, int k_steps, int kw, int per_sm) {
   const int sms = multiprocessors();
   const int wanted = blocks < sms ? 2 * sms / blocks : std::min(2, per_sm * sms / blocks);
@@ -204,15 +203,11 @@ static void launch_gemv(GemmParams p, int smem_limit, cudaStream_t stream) {
   launch_clustered(kernel, dim3(p.N / 32), WARPS * 32, smem, dim3(cluster), p.dependent, stream, p);
 }
 
-// Whether a staged GEMV (M <= 16) copies its activation rows before its first weight loads. Same-call
-// A/B on the H200 (bench/results/ab_h200/ab_gemv_act_first.json): faster where the grid is one wave
-// (N / 32 <= SMs: o_proj and down_proj, every M; o_proj g128 M=16 6.60 -> 6.06 us) and per group at
-// M = 16, where a block's activation rows are as many bytes as its weights (qkv g128 15.18 -> 13.92);
-// slower for the multi-wave qkv / gate_up at M = 1 (qkv g128 11.81 -> 12.77) and per channel at M = 16.
-// Launched as a programmatic dependent, the rows wait for the kernel ahead and weight loads issued
-// first do not: then per group the 16-warp GEMV loads its weights first (ab_pdl_rows_first.json: o_proj
-// g128 M=16 5.81 -> 5.35 us, down_proj M=1 9.27 -> 8.86); every other case keeps the rule above
-// (o_proj per channel M=16 gemv16 5.99 -> 5.67 with the rows first, gemv g128 6.79 -> 6.57).
+// Whether a staged GEMV (M <= 16) copies its activation rows before its first weight loads: where the
+// grid is one wave (N / 32 <= SMs), and per group at M = 16, where a block's rows are as many bytes as
+// its weights; in multi-wave grids the weights go first. As a programmatic dependent the rows wait for
+// the kernel ahead and weight loads issued first do not, so the 16-warp GEMV per group loads its weights
+// first; every other case keeps the rule above.
 template <int WARPS>
 static bool gemv_act_first(const GemmParams& p) {
   if (p.dependent && p.group > 0 && WARPS == 16) return false;

@@ -1,4 +1,4 @@
-// Device building blocks of the W4A8 GEMMs (DESIGN §3.1, §3.2, §4).
+// Device building blocks of the W4A8 GEMMs (docs/design.md §3.1, §3.2, §4).
 //
 // The artifact's qweight is already in compute order: inside each 32x32 tile (512 bytes), lane
 // L = 4c+e owns 16 bytes = words w[2d+b], byte f of w[2d+b] holding

@@ -1,9 +1,8 @@
 // The split-K "GEMV" W4A8 kernel for small M: memory bound, each warp streams its runs of INT4
 // weight tiles from HBM with a register ping-pong (the next run's loads in flight while this one
-// computes). A cp.async ring in shared memory measured slower on the H200, with the same bytes in flight
-// and with 3-6 runs a warp (more in flight, but each block's first compute waits for its activation rows;
-// bench/results/gemm_h200.json notes), and so did a persistent kernel feeding a ring with bulk async
-// copies (TMA): 2.3 TB/s streaming alone.
+// computes). A cp.async ring in shared memory measured slower, with the same bytes in flight and with
+// 3-6 runs a warp (more in flight, but each block's first compute waits for its activation rows), and so
+// did a persistent kernel feeding a ring with bulk async copies (TMA), which streamed slower even alone.
 #pragma once
 
 #include "bulk_copy.cuh"
@@ -20,9 +19,8 @@ namespace qoq_gemm {
 // activation rows into shared memory and reads A fragments by ldmatrix: per-lane 4-byte loads of 16 rows
 // cost 8x the L1 wavefronts. Rows >= M point ldmatrix at 16 zero bytes. Given tiles (TILED: the layout
 // the quantization kernels write for M <= 16), each lane loads its fragments with its weights instead.
-// Consecutive k-tiles a warp loads in one go: 8 (4 KB of weights) with 8 warps a block, 4 with 16 (same
-// call on the H200, g128 down_proj M=16 gemv16 12.82 -> 12.18 us; with 8 warps, runs of 4 were slower
-// for o_proj and qkv per group, 5.43 -> 5.50 and 11.76 -> 12.28 us at M=1).
+// Consecutive k-tiles a warp loads in one go: 8 (4 KB of weights) with 8 warps a block, 4 with 16 (each
+// the faster for its warp count).
 __host__ __device__ constexpr int gemv_run(int warps) { return warps == 16 ? 4 : 8; }
 
 // On Hopper the activation rows arrive by bulk copies, and from GEMV_CLUSTER_MIN_M rows on, pairs of
@@ -102,8 +100,8 @@ __device__ __forceinline__ void gemv_wait_rows(uint8_t* smem) {
 // The persistent GEMV below GEMV_CLUSTER_MIN_M rows: a warp reads only the k-tiles of its own runs
 // (first, first + STRIDE, ...; the same in every column block), so it copies just those bytes of the
 // rows (per-lane 16-byte cp.async) to their place and waits for nothing else, where gemv_copy_rows makes
-// the whole block wait for every row. (At M = 16, without the pairs' multicast, this was 1.04-1.17x
-// the time: bench/results/ab_h200/ab_gemv_warp_slices.json.) Returns the lane's ldmatrix addressing
+// the whole block wait for every row. (At M = 16, without the pairs' multicast, this was slower.)
+// Returns the lane's ldmatrix addressing
 // as gemv_copy_rows does; gemv_wait_slices waits.
 template <int RUN, int STRIDE>
 __device__ __forceinline__ void gemv_copy_slices(const GemmParams& p, uint8_t* smem, int first, int k_tiles,
@@ -149,9 +147,8 @@ struct GemvRun {
 // Tiled activations (GemmParams::tiled): k-tile k0's 512 bytes hold each lane's 16-byte mma A fragment in
 // lane order, so a warp reads a k-tile's fragments of all 16 rows with one coalesced 16-byte load a lane,
 // straight into registers alongside the run's weights. Against the rows staged in shared memory (copied,
-// waited for, read by ldmatrix) this took o_proj g128 M=16 from 4.95 to 4.05 us and down_proj from 10.34
-// to 8.71 as programmatic dependents (bench/results/ab_h200/ab_gemv16_tiled_*.json); the same fragments
-// staged per lane in shared memory, or prefetched to L1 and read at use, gained little or lost.
+// waited for, read by ldmatrix) this is faster, most of all as a programmatic dependent; the same
+// fragments staged per lane in shared memory, or prefetched to L1 and read at use, gained little or lost.
 __device__ __forceinline__ uint4 load_fragment16(const GemmParams& p, int k0) {
   uint4 v;
   asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];\n"
@@ -205,12 +202,11 @@ struct GemvRefill {
 
 // Computes `run` (k-tiles first ..). REFILL: each tile's registers are loaded from `refill` (the run
 // two ahead) as soon as the tile is dequantized (volatile loads: they stay there), so a warp keeps
-// 2 RUN - 1 tiles in flight through its math instead of RUN: same-call A/B, persistent GEMV, gate_up_proj
-// M=16 20.7 -> 19.0 us per group (bench/results/ab_h200/ab_gemv_refill.json). The 8- and 16-warp GEMVs
-// measured 3-22% slower so (the same A/B) and issue the next run's loads whole, between runs.
+// 2 RUN - 1 tiles in flight through its math instead of RUN (faster for the persistent GEMV). The 8- and
+// 16-warp GEMVs measured slower so and issue the next run's loads whole, between runs.
 // WHOLE: this run and the refill (whose tiles are then never null) lie below k_tiles, so no tile needs a
 // bounds check; the per-tile checks, the branches and the register moves around them took a third of the
-// persistent GEMV's instructions (ncu: bench/results/probes_h200/ncu_gemv16p_h200.json).
+// persistent GEMV's instructions.
 // NULLABLE: the refill's tiles may be null (nothing more to load), checked at run time; the per-channel
 // and g64 persistent GEMVs take that one copy for all their runs (see gemm_w4a8_gemv_persistent.cuh).
 // TILED (MT = 1): the A fragments come from run.act (refilled like the weights), not shared memory.
@@ -286,8 +282,7 @@ __global__ void __launch_bounds__(WARPS * 32, MT == 1 ? 16 / WARPS : 1) gemm_gem
   constexpr bool ACT_COPY_FIRST = MT == 1 && ACT_FIRST;
   if constexpr (!ACT_COPY_FIRST) gemv_load_run<GROUP, RUN>(p, ping, tiles, scale_col, first, k_tiles);
   // Over one wave, the next kernel's blocks may take the slots the last wave leaves free, and wait there
-  // (0.90-0.95x the time for the 8-warp GEMV at qkv_proj / gate_up_proj M = 1; in one-wave grids up to
-  // 1.05x: bench/results/ab_h200/ab_gemv_early_trigger.json).
+  // (faster for multi-wave grids; in one-wave grids it was slower).
   if (p.early_trigger) allow_dependent_grids();
   wait_prior_grids();  // the activations (and the epilogue's terms) come from the kernel ahead
   uint32_t a_base = 0, a_step = 0;

@@ -13,7 +13,7 @@
 namespace qoq_gemm {
 
 constexpr int GEMVP_WARPS = 16;
-constexpr int GEMVP_RUN = 8;  // k-tiles a warp run (4 before: 0.91-0.99x the time, ab_h200/ab_gemv16p_run8.json)
+constexpr int GEMVP_RUN = 8;  // k-tiles a warp run (runs of 4 were slower)
 // With tiled activations a run's registers hold its A fragments too: runs of 8 spilled 0.7-3 KB a thread.
 constexpr int GEMVP_TILED_RUN = 4;
 constexpr int GEMVP_SUMS = 2 * 16 * 32 * 4;  // two [16 accumulator slots][32 lanes] int32 buffers
@@ -63,8 +63,8 @@ __global__ void __launch_bounds__(GEMVP_WARPS * 32, 1) gemm_gemv_persistent_kern
   // A run: column block n0, k-tiles first .. first + RUN - 1. Each warp has >= 1 run per column block
   // (an empty one where warp * RUN >= k_tiles), so every warp reaches every column block's barrier.
   // run_at: where this lane reads it (the block's tiles and scale column). Offsets in 32 bits (the weights
-  // are < 4 GB: gemm_bindings.cpp): with 64-bit ones the per-group kernel spilled 56 bytes in its run loops
-  // (44 so), 1.02-1.05x the time (bench/results/ab_h200/ab_gemv16p_offsets32.json).
+  // are < 4 GB: gemm_bindings.cpp): with 64-bit ones the per-group kernel spilled more in its run loops,
+  // and was slower.
   const auto run_at = [&](int n0, int first) {
     return GemvRefill{p.qweight + (static_cast<uint32_t>(n0) * k_tiles * 512 + lane * 16),
                       static_cast<uint32_t>(n0) * 32 + 4 * (lane >> 2), first};
@@ -101,9 +101,8 @@ __global__ void __launch_bounds__(GEMVP_WARPS * 32, 1) gemm_gemv_persistent_kern
     else gemv_copy_rows<GEMVP_WARPS>(p, smem, a_base, a_step);
     if (!p.dependent) load(ping, n0, first);
     // The second run, into the other buffer. With the pair's rows (M >= 4) its loads go out before the
-    // wait for them, so that the weights keep streaming while the rows land: 0.92-0.99x the time at
-    // M = 4..16 as programmatic dependents (qkv_proj g128 M=16 11.05 -> 10.20 us), M = 1 unchanged
-    // (bench/results/ab_h200/ab_gemv16p_second_run_early_*.json). The staged GEMVs measured slower so.
+    // wait for them, so that the weights keep streaming while the rows land (faster at M = 4..16 as
+    // programmatic dependents). The staged GEMVs measured slower so.
     if (!slices && second) load(pong, n_second, first_second);
     if (slices) {
       __syncthreads();  // the zeroed sums, before any warp adds into them
@@ -122,8 +121,7 @@ __global__ void __launch_bounds__(GEMVP_WARPS * 32, 1) gemm_gemv_persistent_kern
     int n2 = n1, first2 = first1;
     next(n2, first2);
     if constexpr (GROUP == 128 || TILED) {  // runs wholly below K (every one at K = 4096) skip the per-tile
-      // checks: 0.89-0.96x the time (bench/results/ab_h200/ab_gemv16p_whole.json); with tiled activations'
-      // shorter runs no kernel spills so
+      // checks, which is faster; with tiled activations' shorter runs no kernel spills so
       const bool whole = first + RUN <= k_tiles;
       if (n2 < col_blocks) {
         const GemvRefill refill = run_at(n2, first2);
@@ -136,8 +134,7 @@ __global__ void __launch_bounds__(GEMVP_WARPS * 32, 1) gemm_gemv_persistent_kern
         if (whole) gemv_compute_run<1, GROUP, RUN, false, true, false, TILED>(p, run, first, k_tiles, a_base, a_step, acc);
         else gemv_compute_run<1, GROUP, RUN, false, false, false, TILED>(p, run, first, k_tiles, a_base, a_step, acc);
       }
-    } else {  // per channel and g64 the unchecked copies spill: per channel 1.08-1.13x the time
-      // (bench/results/ab_h200/ab_gemv16p_whole.json). The refill is spelled out as in the timed build:
+    } else {  // per channel and g64 the unchecked copies spill, which is slower. The refill is spelled out:
       // through run_at these kernels compile to other register allocations, and they spill readily.
       GemvRefill refill{nullptr, static_cast<uint32_t>(n2) * 32 + 4 * (lane >> 2), first2};
       if (n2 < col_blocks) refill.tiles = p.qweight + static_cast<size_t>(n2) * k_tiles * 512 + lane * 16;

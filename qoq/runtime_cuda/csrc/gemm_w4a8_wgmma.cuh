@@ -19,14 +19,11 @@
 // it are complete (wait_group 1 after the next step's wgmmas are issued): wgmma is
 // warpgroup-collective, so every warp has by then also read its fragments from that stage.
 //
-// Why (H200): an instrumented build of the previous kernel (every thread cp.async-ing its share of
-// each stage, each step's wgmmas drained before the next; o_proj g128 M=256, 64x64 k2) spent per
-// k-step ~270 cycles issuing copies, ~380 dequantizing and ~510 waiting for its own wgmmas, but only
-// ~30 waiting for data. A first version of this pipeline copied each n-tile and each 64-byte s2 / -z
-// row on its own (3-9 bulk copies a step): per group 6-42% slower than that kernel. With two copies a
-// step and the scale words from L2, per channel 10-25% faster at M >= 256 and per group -2% to +16%;
-// one table row a step where the group allows it made per group another ~10% faster
-// (bench/results/ab_h200: wgmma_pipeline_sweeps.json, ab_wgmma_scale_rows.json).
+// Why: an instrumented build of the previous kernel (every thread cp.async-ing its share of each
+// stage, each step's wgmmas drained before the next) spent its k-steps issuing copies, dequantizing
+// and waiting for its own wgmmas, hardly ever waiting for data. Copying each n-tile and each 64-byte
+// s2 / -z row on its own (several bulk copies a step) was slower than that kernel; two copies a step
+// with the scale words from L2, and one table row a step where the group allows it, are faster.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap
@@ -221,7 +218,7 @@ __device__ __forceinline__ void wgmma_store(const GemmParams& p, uint8_t* smem, 
     }
   constexpr int ITEMS = BT * ROWS / 8;  // 8 consecutive channels of a token
   const int splits = gridDim.z;          // the blocks of this tile's cluster
-  if (splits == 1) {  // kept apart: one loop for both cost 1-5% at M = 2048 (ab_wgmma_cluster_split_v1.json)
+  if (splits == 1) {  // kept apart: one loop for both was slower at large M
     __syncthreads();
     for (int item = threadIdx.x; item < ITEMS; item += KW * WG_THREADS) {
       const int r = item / (ROWS / 8), c8 = (item % (ROWS / 8)) * 8;
@@ -260,9 +257,8 @@ __device__ __forceinline__ void wgmma_store(const GemmParams& p, uint8_t* smem, 
 // (blocks 0-3); H = 1: the half `half` (blocks 2*half, 2*half + 1). Per channel a fragment is the codes
 // with the high nibbles left in place: 16q, so that those rows' sums come out 16 times too large and
 // wgmma_store shifts them back (exact), one LOP3 per register instead of a shift and a LOP3. Per group
-// it is W8 + 128 = q*s2 + bias (shift, LOP3, IMAD). Same-call A/B on the H200, per channel: M = 256
-// 5-14% faster (gate_up_proj 51.4 -> 44.9 us); per group, taking the high nibbles as
-// hi32((16q) * (s2 << 28) + ...) in one IMAD.HI instead of the shift made M = 2048 7-10% slower.
+// it is W8 + 128 = q*s2 + bias (shift, LOP3, IMAD). Per group, taking the high nibbles as
+// hi32((16q) * (s2 << 28) + ...) in one IMAD.HI instead of the shift was slower.
 template <bool GROUPED, int H>
 __device__ __forceinline__ void dequant_fragments(const uint4& packed, const BiasedScales<2 * H>& bs, int half,
                                                   uint32_t (&a)[H][4]) {
@@ -286,9 +282,8 @@ __device__ __forceinline__ void dequant_fragments(const uint4& packed, const Bia
 // warpgroup index is warp-uniform to the compiler (a constant, or a shuffle from lane 0: derived from
 // threadIdx.x it is not, even under a branch on it), so everything but the lane's own offsets (stage and
 // barrier addresses, phases, descriptors, scale rows) stays in uniform registers; with wg read from
-// threadIdx.x, ptxas recomputed it per lane every step and moved each descriptor by R2UR (with the steps
-// below: the 128x64 tile's two-step loop 529 -> 444 SASS instructions per group, 328 -> 232 per channel,
-// M = 256 0.86-0.92x the time; the two-warpgroup 64x64 tile's 432 -> 380 per group).
+// threadIdx.x, ptxas recomputed it per lane every step and moved each descriptor by R2UR: more
+// instructions per k-step, and slower.
 template <int ROWS, int BT, int STAGES, int SCALE_ROWS, int KW, int H, int ACC>
 __device__ __forceinline__ void wgmma_k_loop(const CUtensorMap& act_map, const CUtensorMap& w_map, const GemmParams& p,
                                              uint8_t* smem, int steps, int kt0, int m_base, int n_base,

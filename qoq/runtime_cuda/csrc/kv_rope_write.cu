@@ -1,5 +1,5 @@
-// RoPE (rotate-half / neox) on Q and K fused with the KV4 quantize-and-write of K and V (DESIGN
-// §3.4, §3.5, §5). One CTA per token; D/8 lanes per head, 8 elements (16 bytes) per lane. Prefill
+// RoPE (rotate-half / neox) on Q and K fused with the KV4 quantize-and-write of K and V
+// (docs/design.md §3.4, §3.5, §5). One CTA per token; D/8 lanes per head, 8 elements (16 bytes) per lane. Prefill
 // (many tokens per sequence) and decode (one) are the same launch: the slot mapping says where
 // each token goes. Rounding follows the torch reference op for op (fp32, round-to-nearest, no
 // fused multiply-add), so codes match exactly.

@@ -1,4 +1,4 @@
-// Fused per-token activation quantization (DESIGN §3.3, §3.5, §5): one block per token row.
+// Fused per-token activation quantization (docs/design.md §3.3, §3.5, §5): one block per token row.
 // Pass 1 computes the fp16 GEMM input y (x, RMSNorm(x) or silu(gate)*up) into shared memory and
 // its |max| and sum; pass 2 writes the int8 codes and sums them. Divisions are IEEE (__fdiv_rn)
 // even under --use_fast_math so codes match the torch reference exactly.
