@@ -308,7 +308,7 @@ __device__ __forceinline__ float load_query(const DecodeParams& p, int b, int he
     if (grp < p.group) {
       const int hq = head * p.group + grp;
       const half* src = p.q + ((size_t)b * p.num_kv_heads * p.group + hq) * D + quad * (D / 4) + 8 * w;
-      raw = __ldg(reinterpret_cast<const uint4*>(src));
+      raw = load_after_wait16(src);  // q comes from the kernel ahead (rope_kv4_write)
     }
     const half* h = reinterpret_cast<const half*>(&raw);
 #pragma unroll

@@ -40,7 +40,7 @@ __host__ __device__ constexpr int gemv_smem_bytes(int mt, int warps, int m, int 
 }
 
 __device__ __forceinline__ uint32_t load_act_word(const GemmParams& p, int row, int k) {
-  return row < p.M ? __ldg(reinterpret_cast<const uint32_t*>(p.qx + static_cast<size_t>(row) * p.K + k)) : 0u;
+  return row < p.M ? load_after_wait4(p.qx + static_cast<size_t>(row) * p.K + k) : 0u;  // the kernel ahead wrote them
 }
 
 // Each lane's ldmatrix address for k-tile 0 of the rows staged at [M][K + 16] after the header, and its
@@ -150,11 +150,7 @@ struct GemvRun {
 // waited for, read by ldmatrix) this is faster, most of all as a programmatic dependent; the same
 // fragments staged per lane in shared memory, or prefetched to L1 and read at use, gained little or lost.
 __device__ __forceinline__ uint4 load_fragment16(const GemmParams& p, int k0) {
-  uint4 v;
-  asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p.qx + static_cast<size_t>(k0) * 512 + (threadIdx.x & 31) * 16));
-  return v;
+  return load_after_wait16(p.qx + static_cast<size_t>(k0) * 512 + (threadIdx.x & 31) * 16);
 }
 
 // This lane's A fragments of the run at k-tile `first` (tiled activations).

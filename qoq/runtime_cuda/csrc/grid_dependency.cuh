@@ -32,6 +32,26 @@ cudaError_t launch_with_attributes(void (*kernel)(Params...), dim3 grid, int thr
   return cudaLaunchKernelEx(&config, kernel, args...);
 }
 
+// What a programmatic dependent reads after wait_prior_grids, from a kernel that may still have been
+// writing it at launch (activations, q, KV pages): loaded through L2 (.cg) and never as a non-coherent
+// load (ld.global.nc, __ldg, const __restrict__). A non-coherent load promises that its bytes do not
+// change while the kernel runs, so ptxas may hoist it above griddepcontrol.wait; it did, and the
+// persistent GEMV read its activation tiles before the quantization kernel ahead had written them.
+// Volatile, so the compiler keeps it after the wait (itself volatile asm).
+__device__ __forceinline__ uint4 load_after_wait16(const void* ptr) {
+  uint4 v;
+  asm volatile("ld.global.cg.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(ptr));
+  return v;
+}
+
+__device__ __forceinline__ uint32_t load_after_wait4(const void* ptr) {
+  uint32_t v;
+  asm volatile("ld.global.cg.u32 %0, [%1];\n" : "=r"(v) : "l"(ptr));
+  return v;
+}
+
 // Until the kernels ahead in the stream have completed and their writes are visible.
 __device__ __forceinline__ void wait_prior_grids() {
 #if __CUDA_ARCH__ >= 900
