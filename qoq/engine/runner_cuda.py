@@ -125,11 +125,19 @@ class CudaRunner:
         return tuple(dequantize_kv(*ref.read_kv4(pool, page_ids, length, self.hkv, self.d), dtype=torch.float16)
                      for pool in (self.cache.k_pages(i), self.cache.v_pages(i)))
 
-    def _prefill_attention(self, i: int, q: torch.Tensor, step: StepInput, pages) -> torch.Tensor:
+    def _prefill_attention(self, i: int, q: torch.Tensor, step: StepInput, pages, singles) -> torch.Tensor:
+        """Chunks of one token (decodes in a mixed batch) through decode attention, as in decode steps
+        (so a sequence's numbers do not depend on what it is batched with); longer chunks through SDPA."""
         out = torch.empty_like(q)
+        if singles is not None:
+            rows, table, lens, max_len = singles
+            out[rows] = self._decode_attention(i, q[rows], table, lens, max_len)
         lo = 0
         for chunk, page_ids in zip(step.chunks, pages):
             hi = lo + chunk.num_tokens
+            if chunk.num_tokens == 1:
+                lo = hi
+                continue
             k, v = self._context(i, page_ids, chunk.context_len)
             key_pos = torch.arange(chunk.context_len, device=q.device)
             mask = key_pos[None, :] <= torch.arange(chunk.start, chunk.context_len, device=q.device)[:, None]
@@ -186,10 +194,17 @@ class CudaRunner:
         ids, positions, slots = (torch.tensor(x, dtype=torch.int64).to(dev, non_blocking=True)
                                  for x in (step.token_ids, step.positions, step.slots))
         pages = [torch.tensor(c.pages, dtype=torch.int64).to(dev, non_blocking=True) for c in step.chunks]
+        singles = None
+        one = [j for j, c in enumerate(step.chunks) if c.num_tokens == 1]
+        if one:
+            sub = StepInput([], [], [], [step.chunks[j] for j in one])
+            table, lens, max_len = self._tables(sub)
+            rows = torch.tensor([step.last_rows[j] for j in one], dtype=torch.int64).to(dev)
+            singles = (rows, table.to(dev), lens.to(dev), max_len)
         h = F.embedding(ids, self.embed_w)
         for i, L in enumerate(self.layers):
             q = self._write_kv(i, self._qkv(L, h), positions, slots)
-            h = self._mlp_and_o(L, h, self._prefill_attention(i, q, step, pages))
+            h = self._mlp_and_o(L, h, self._prefill_attention(i, q, step, pages, singles))
         rows = torch.tensor(step.last_rows, dtype=torch.int64).to(dev, non_blocking=True)
         return self._logits(h[rows]).float()
 
@@ -202,9 +217,17 @@ class CudaRunner:
         ids = torch.tensor(step.token_ids + [0] * pad, dtype=torch.int64)
         positions = torch.tensor(step.positions + [0] * pad, dtype=torch.int64)
         slots = torch.tensor(step.slots + [self.scratch_page * ref.PAGE_TOKENS] * pad, dtype=torch.int64)
+        table, lens, max_len = self._tables(step, batch, width)
+        dev = self.device
+        return ids.to(dev), positions.to(dev), slots.to(dev), table.to(dev), lens.to(dev), max_len
+
+    def _tables(self, step: StepInput, batch: int | None = None, width: int | None = None):
+        """-> (page table int32 [batch, width], seq_lens int32 [batch], width * 64), CPU; padded rows
+        and columns hold the scratch page, padded rows one token."""
+        batch = batch or len(step.chunks)
+        width = width or max(len(c.pages) for c in step.chunks)
         table = torch.full((batch, width), self.scratch_page, dtype=torch.int32)
         for r, c in enumerate(step.chunks):
             table[r, : len(c.pages)] = torch.tensor(c.pages, dtype=torch.int32)
-        lens = torch.tensor([c.context_len for c in step.chunks] + [1] * pad, dtype=torch.int32)
-        dev = self.device
-        return (ids.to(dev), positions.to(dev), slots.to(dev), table.to(dev), lens.to(dev), width * ref.PAGE_TOKENS)
+        lens = [c.context_len for c in step.chunks] + [1] * (batch - len(step.chunks))
+        return table, torch.tensor(lens, dtype=torch.int32), width * ref.PAGE_TOKENS
