@@ -126,5 +126,10 @@ def recipes_show(name: str, as_json: bool = typer.Option(False, "--json", help="
     _emit(data, as_json, lambda d: out.print_json(data=d))
 
 
+from qoq.engine.generate_cli import generate as _generate  # noqa: E402  (the engine's command)
+
+app.command("generate")(one_line_errors(_generate))
+
+
 if __name__ == "__main__":
     app()

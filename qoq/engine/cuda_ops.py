@@ -1,0 +1,86 @@
+"""The kernels the CUDA runner calls, behind one small interface: `KernelOps` (the CUDA wrappers of
+qoq.runtime_cuda) or `ReferenceOps` (their pure-torch references, same contracts, any device), so the
+runner's data flow is tested on the CPU and its numbers on the GPU."""
+
+from __future__ import annotations
+
+import torch
+
+from qoq.runtime_cuda import attention_reference, reference
+
+
+class ReferenceOps:
+    tiled = False
+
+    def tiles_for(self, m: int, group: int) -> bool:
+        return False
+
+    def rmsnorm_quant(self, x, weight, eps, sums, tiles):
+        return reference.reference_rmsnorm_quant(x, weight, eps, sums)
+
+    def quant_tokens(self, x, sums, tiles):
+        return reference.reference_quant(x, sums)
+
+    def silu_mul_quant(self, gate, up, sums, tiles):
+        return reference.reference_silu_mul_quant(gate, up, sums)
+
+    def gemm(self, linear, qx, s_x, sums):
+        return reference.reference_gemm(
+            qx, s_x, linear.qweight, linear.s1_scales, s2_scales=linear.s2_scales, s2_zeros=linear.s2_zeros,
+            s1_szeros=linear.s1_szeros, xsum=sums if linear.per_channel else None, bias=linear.bias)
+
+    def rope_kv4_write(self, qkv, positions, slots, cos, sin, k_pages, v_pages, hq, hkv):
+        return attention_reference.rope_kv4_write(qkv, positions, slots, cos, sin, k_pages, v_pages, hq, hkv)
+
+    def decode_attention(self, q, k_pages, v_pages, page_table, seq_lens, max_seq_len):
+        return attention_reference.decode_attention(q, k_pages, v_pages, page_table, seq_lens)
+
+
+class KernelOps:
+    """The CUDA kernels (imported on construction: needs a GPU and builds the extensions)."""
+
+    def __init__(self):
+        from qoq.runtime_cuda import attention, gemm, quant_kernels
+
+        self._attention, self._gemm, self._quant = attention, gemm, quant_kernels
+
+    def tiles_for(self, m: int, group: int) -> bool:
+        return self._gemm.tiles_for(m, group)
+
+    def rmsnorm_quant(self, x, weight, eps, sums, tiles):
+        return self._quant.rmsnorm_quant(x, weight, eps, sums=sums, tiles=tiles)
+
+    def quant_tokens(self, x, sums, tiles):
+        return self._quant.quant_tokens(x, sums=sums, tiles=tiles)
+
+    def silu_mul_quant(self, gate, up, sums, tiles):
+        return self._quant.silu_mul_quant(gate, up, sums=sums, tiles=tiles)
+
+    def gemm(self, linear, qx, s_x, sums):
+        return linear.forward_quantized(qx, s_x, sums)  # W4A8 GEMM, a programmatic dependent of the quant
+
+    def rope_kv4_write(self, qkv, positions, slots, cos, sin, k_pages, v_pages, hq, hkv):
+        return self._attention.rope_kv4_write(qkv, positions, slots, cos, sin, k_pages, v_pages, hq, hkv)
+
+    def decode_attention(self, q, k_pages, v_pages, page_table, seq_lens, max_seq_len):
+        # enable_pdl: starts while rope_kv4_write (just ahead, writing q and the new token) ends
+        return self._attention.decode_attention(q, k_pages, v_pages, page_table, seq_lens, max_seq_len,
+                                                enable_pdl=True)
+
+
+def fuse_w4a8(linears):
+    """Concatenate W4A8 linears sharing an input along N (q|k|v, gate|up): qweight rows are 32-row tiles
+    and s2 is interleaved within 32 columns, so the artifact layout concatenates as is."""
+    from qoq.runtime_cuda.linear import CudaW4A8Linear
+
+    def cat(name, dim):
+        parts = [getattr(m, name) for m in linears]
+        return None if parts[0] is None else torch.cat(parts, dim)
+
+    biases = [m.bias for m in linears]
+    bias = None
+    if any(b is not None for b in biases):
+        bias = torch.cat([b if b is not None else torch.zeros(m.out_features, dtype=torch.float16, device=m.qweight.device)
+                          for b, m in zip(biases, linears)])
+    return CudaW4A8Linear(cat("qweight", 0), cat("s1_scales", 0), cat("s2_scales", 1), cat("s2_zeros", 1),
+                          cat("s1_szeros", 0), bias)

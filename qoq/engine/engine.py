@@ -1,0 +1,173 @@
+"""LLMEngine: requests in, tokens and text out, one scheduler step at a time, on any runner.
+
+    engine = LLMEngine("artifact/", backend="reference", kv_budget=64 << 20)
+    rid = engine.add_request("Hello", SamplingParams(max_tokens=16))
+    while engine.has_unfinished():
+        for out in engine.step(): ...
+
+All state lives in the engine; add_request, step and abort take one lock, so a server thread may call
+abort (or add_request) between (or during) another thread's steps.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+from qoq.engine.batch import build_step_input
+from qoq.engine.block_manager import BlockManager, pages_for
+from qoq.engine.detokenize import Detokenizer, TokenBytes
+from qoq.engine.model_loading import eos_token_ids, load_tokenizer_or_none
+from qoq.engine.params import SamplingParams
+from qoq.engine.sampler import make_generator, sample
+from qoq.engine.scheduler import Scheduler
+from qoq.engine.sequence import Completion, RequestOutput, Sequence
+
+DEFAULT_CPU_KV_BUDGET = 256 << 20
+
+
+def make_runner(backend: str, artifact_dir, kv_budget: int | None, kv_fraction: float, **options):
+    if backend == "reference":
+        from qoq.engine.runner_reference import ReferenceRunner
+
+        return ReferenceRunner(artifact_dir, kv_budget or DEFAULT_CPU_KV_BUDGET, **options)
+    if backend == "cuda":
+        from qoq.engine.runner_cuda import CudaRunner  # imports the kernels: GPU only
+
+        return CudaRunner(artifact_dir, kv_budget=kv_budget, kv_fraction=kv_fraction, **options)
+    raise ValueError(f"unknown backend {backend!r} (reference or cuda)")
+
+
+class LLMEngine:
+    def __init__(self, artifact_dir: str | Path, backend: str = "reference", kv_budget: int | None = None,
+                 kv_fraction: float = 0.9, max_num_seqs: int = 256, max_num_batched_tokens: int = 2048,
+                 max_model_len: int | None = None, record_logits: bool = False, tokenizer=None, **runner_options):
+        self.artifact_dir = Path(artifact_dir)
+        self.runner = make_runner(backend, artifact_dir, kv_budget, kv_fraction, **runner_options)
+        self.blocks = BlockManager(self.runner.num_pages)
+        self.scheduler = Scheduler(self.blocks, max_num_seqs, max_num_batched_tokens)
+        self.max_model_len = min(max_model_len or self.runner.max_model_len, self.runner.max_model_len)
+        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer_or_none(artifact_dir)
+        self._token_bytes = TokenBytes(self.tokenizer) if self.tokenizer is not None else None
+        self.eos_ids = eos_token_ids(artifact_dir, self.tokenizer, self.runner.config.hf)
+        self.record_logits = record_logits
+        self._seqs: dict[int, Sequence] = {}
+        self._pending: list[RequestOutput] = []  # aborts, reported by the next step
+        self._next_id = 0
+        self._lock = threading.RLock()
+        self.stats = {"steps": 0, "forward_s": 0.0, "prefill_tokens": 0, "decode_tokens": 0}
+
+    # -- requests ------------------------------------------------------------------------------
+    def encode(self, prompt: str) -> list[int]:
+        if self.tokenizer is None:
+            raise ValueError(f"{self.artifact_dir} has no tokenizer: give prompt token ids")
+        return self.tokenizer(prompt)["input_ids"]
+
+    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None) -> int:
+        params = params or SamplingParams()
+        ids = self.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+        if not ids:
+            raise ValueError("empty prompt")
+        if len(ids) >= self.max_model_len:
+            raise ValueError(f"prompt of {len(ids)} tokens leaves no room under max_model_len {self.max_model_len}")
+        longest = min(len(ids) + params.max_tokens, self.max_model_len)
+        if pages_for(longest) > self.blocks.num_pages:
+            raise ValueError(f"a request of up to {longest} tokens needs {pages_for(longest)} KV pages; "
+                             f"the budget holds {self.blocks.num_pages}")
+        with self._lock:
+            rid, self._next_id = self._next_id, self._next_id + 1
+            seq = Sequence(rid, ids, params, arrival=rid)
+            if self._token_bytes is not None:
+                seq.detok = Detokenizer(self._token_bytes, params.stop)
+            seq.logits = []
+            self._seqs[rid] = seq
+            self.scheduler.add(seq)
+            return rid
+
+    def abort(self, request_id: int) -> bool:
+        """Stop a request and free its pages; its final output (reason "abort") comes with the next step."""
+        with self._lock:
+            seq = self._seqs.pop(request_id, None)
+            if seq is None or seq.is_finished:
+                return False
+            self.scheduler.finish(seq, "abort")
+            self._pending.append(RequestOutput(request_id, [], "", True, "abort"))
+            return True
+
+    def has_unfinished(self) -> bool:
+        with self._lock:
+            return self.scheduler.has_unfinished() or bool(self._pending)
+
+    def sequence(self, request_id: int) -> Sequence | None:
+        return self._seqs.get(request_id)
+
+    # -- the step ------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        with self._lock:
+            outputs, self._pending = self._pending, []
+            scheduled = self.scheduler.schedule()
+            if not scheduled:
+                return outputs
+            step = build_step_input(scheduled, self.blocks)
+            t0 = time.perf_counter()
+            logits = self.runner.forward(step)
+            self.stats["forward_s"] += time.perf_counter() - t0
+            self.stats["steps"] += 1
+            self.stats["decode_tokens" if step.is_decode else "prefill_tokens"] += len(step.token_ids)
+            self.scheduler.update(scheduled)
+            rows = [i for i, s in enumerate(scheduled) if s.samples]
+            if not rows:
+                return outputs
+            seqs = [scheduled[i].seq for i in rows]
+            for seq in seqs:
+                if seq.generator is None and not seq.params.greedy:
+                    seq.generator = make_generator(seq.params, logits.device)
+            picked = logits[rows]
+            tokens = sample(picked, [s.params for s in seqs], [s.generator for s in seqs])
+            for j, (seq, token) in enumerate(zip(seqs, tokens)):
+                if self.record_logits:
+                    seq.logits.append(picked[j].detach().float().cpu())
+                outputs.append(self._append_token(seq, token))
+            return outputs
+
+    def _append_token(self, seq: Sequence, token: int) -> RequestOutput:
+        seq.output_ids.append(token)
+        p = seq.params
+        delta = seq.detok.push(token) if seq.detok is not None else ""
+        reason = None
+        if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_ids):
+            reason = "stop"
+        elif seq.detok is not None and seq.detok.stopped:
+            reason = "stop"
+        elif len(seq.output_ids) >= p.max_tokens or len(seq) >= self.max_model_len:
+            reason = "length"
+        if reason is not None:
+            if seq.detok is not None:
+                delta += seq.detok.flush()
+            self.scheduler.finish(seq, reason)
+            self._seqs.pop(seq.seq_id, None)
+        seq.text += delta
+        return RequestOutput(seq.seq_id, [token], delta, reason is not None, reason)
+
+    # -- convenience ---------------------------------------------------------------------------
+    def generate(self, prompts: list[str | list[int]], params: SamplingParams | list[SamplingParams] | None = None,
+                 on_output=None) -> list[Completion]:
+        """Run prompts to completion (together, continuously batched); results in prompt order."""
+        params_list = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
+        ids = [self.add_request(p, sp) for p, sp in zip(prompts, params_list)]
+        seqs = {rid: self._seqs[rid] for rid in ids}
+        results = {rid: Completion(rid, seqs[rid].prompt_ids) for rid in ids}
+        while any(r.finish_reason is None for r in results.values()):
+            for out in self.step():
+                if out.request_id not in results:
+                    continue
+                r = results[out.request_id]
+                r.token_ids += out.new_token_ids
+                r.text += out.text_delta
+                r.finish_reason = out.finish_reason
+                if on_output is not None:
+                    on_output(out)
+        for rid, r in results.items():
+            r.logits = seqs[rid].logits
+        return [results[rid] for rid in ids]

@@ -1,0 +1,43 @@
+"""What the engine needs to know about an artifact: its model (executor-built), KV format, tokenizer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from qoq.recipe import Format
+
+
+def artifact_format(art) -> Format:
+    return Format(**art.manifest["recipe"]["format"])
+
+
+def rope_tables(inv_freq: torch.Tensor, max_positions: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 cos, sin [max_positions, D/2], computed as models.rope.RotaryTable does (same values)."""
+    freqs = torch.arange(max_positions, dtype=torch.int64).float()[:, None] * inv_freq[None, :]
+    return freqs.cos().to(device), freqs.sin().to(device)
+
+
+def load_tokenizer_or_none(path: str | Path):
+    path = Path(path)
+    if not (path / "tokenizer.json").exists() and not (path / "tokenizer_config.json").exists():
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+def eos_token_ids(path: str | Path, tokenizer, config: dict) -> set[int]:
+    ids: set[int] = set()
+    for source in (_json(Path(path) / "generation_config.json"), config):
+        eos = source.get("eos_token_id")
+        ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids
+
+
+def _json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.exists() else {}

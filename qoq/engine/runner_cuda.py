@@ -1,0 +1,233 @@
+"""The CUDA runner: one forward over a batch of sequence chunks with the fused W4A8KV4 path
+
+    rmsnorm_quant -> W4A8 qkv -> rope_kv4_write -> decode_attention (paged KV4) / prefill attention
+    -> quant -> W4A8 o_proj -> +residual -> rmsnorm_quant -> W4A8 gate_up -> silu_mul_quant -> down -> +residual
+
+(fp16 residual, fp16 lm_head; Qwen2's qkv biases ride in the fused GEMM's bias; GQA in the kernels;
+RoPE scaling in the cos/sin tables), or, for the fp16 artifact, the same loop with cuBLAS linears
+(F.linear), fp16 pages written by index_copy_ and SDPA over gathered pages. Decode steps replay CUDA
+graphs (cuda_graphs.py); prefill runs eagerly. Prefill attends over the chunk's sequence read back from
+the pages (dequantized KV4), which is what `qoq eval` computes (the executor fake-quantizes K and V
+before attention), and keeps chunked prefill and recomputation exact.
+
+`ops="reference"` swaps every kernel for its pure-torch reference (any device): the CPU tests run the
+runner's whole data flow that way.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from qoq.engine.batch import StepInput
+from qoq.engine.cuda_ops import KernelOps, ReferenceOps, fuse_w4a8
+from qoq.engine.kv_float import FloatKVCache
+from qoq.engine.model_loading import artifact_format, rope_tables
+from qoq.executor.build import load_artifact_model
+from qoq.quant.kv import dequantize_kv
+from qoq.runtime_cuda import attention_reference as ref
+from qoq.runtime_cuda.kv_cache import KV4Cache, KV4Format
+from qoq.runtime_cuda.reference import rmsnorm_fp16
+
+ACTIVATION_RESERVE = 2 << 30  # bytes left free beside the KV pages (activations, graphs, logits)
+
+
+class _Layer:
+    """One decoder block's fused weights."""
+
+    def __init__(self, block, quantized: bool):
+        attn, mlp = block.self_attn, block.mlp
+        self.ln1, self.ln2 = block.input_layernorm.weight.half(), block.post_attention_layernorm.weight.half()
+        self.eps = block.input_layernorm.eps
+        if quantized:
+            self.qkv = fuse_w4a8([attn.q_proj, attn.k_proj, attn.v_proj])
+            self.gate_up = fuse_w4a8([mlp.gate_proj, mlp.up_proj])
+            self.o, self.down = attn.o_proj, mlp.down_proj
+        else:
+            cat = lambda ms, name: None if getattr(ms[0], name) is None else torch.cat([getattr(m, name) for m in ms])  # noqa: E731
+            qkv = [attn.q_proj, attn.k_proj, attn.v_proj]
+            self.qkv_w, self.qkv_b = cat(qkv, "weight"), cat(qkv, "bias")
+            self.gate_up_w = cat([mlp.gate_proj, mlp.up_proj], "weight")
+            self.o_w, self.o_b, self.down_w = attn.o_proj.weight, attn.o_proj.bias, mlp.down_proj.weight
+        self.intermediate = mlp.gate_proj.out_features
+
+
+class CudaRunner:
+    def __init__(self, artifact_dir: str | Path, kv_budget: int | None = None, kv_fraction: float = 0.9,
+                 device: str = "cuda", ops: str = "kernels", cuda_graphs: bool = True,
+                 graph_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256),
+                 max_model_len: int | None = None):
+        self.device = torch.device(device)
+        lm, art = load_artifact_model(artifact_dir, backend="cuda", device=device, dtype=torch.float16)
+        cfg = self.config = lm.config
+        self.quantized = any(n.endswith(".qweight") for n in art.tensors)
+        self.kv4 = artifact_format(art).kv_bits == 4
+        self.ops = KernelOps() if ops == "kernels" else ReferenceOps()
+        self.hq, self.hkv, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.layers = [_Layer(b, self.quantized) for b in lm.layers]
+        self.embed_w, self.norm_w, self.head_w = lm.model.embed_tokens.weight, lm.model.norm.weight, lm.lm_head.weight
+        self.eps = lm.model.norm.eps
+        self.max_model_len = min(max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
+        self.cos, self.sin = rope_tables(lm.model.rotary.inv_freq, self.max_model_len, device)
+        del lm
+        if kv_budget is None:
+            if self.device.type != "cuda":
+                raise ValueError("give kv_budget (bytes) off the GPU")
+            free, _ = torch.cuda.mem_get_info(self.device)
+            kv_budget = max(0, int(free * kv_fraction) - ACTIVATION_RESERVE)
+        if self.kv4:
+            self.cache = KV4Cache(KV4Format(cfg.num_layers, self.hkv, self.d), kv_budget, device)
+            self.num_pages = self.cache.storage.shape[2]
+        else:
+            self.cache = FloatKVCache(cfg.num_layers, self.hkv, self.d, kv_budget, torch.float16, device)
+            self.num_pages = self.cache.num_pages
+        self.scratch_page = self.num_pages - 1  # the BlockManager never hands it out
+        self.graphs = None
+        if cuda_graphs and self.device.type == "cuda":
+            from qoq.engine.cuda_graphs import DecodeGraphs
+
+            self.graphs = DecodeGraphs(self, graph_batch_sizes)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    # -- attention -----------------------------------------------------------------------------
+    def _write_kv(self, i: int, qkv: torch.Tensor, positions, slots) -> torch.Tensor:
+        """RoPE, K/V to the pages; -> q [T, Hq, D]."""
+        if self.kv4:
+            q, _ = self.ops.rope_kv4_write(qkv, positions, slots, self.cos, self.sin, self.cache.k_pages(i),
+                                           self.cache.v_pages(i), self.hq, self.hkv)
+            return q
+        t = qkv.shape[0]
+        heads = qkv.view(t, self.hq + 2 * self.hkv, self.d)
+        q = ref.apply_rope(heads[:, : self.hq], positions, self.cos, self.sin)
+        k = ref.apply_rope(heads[:, self.hq : self.hq + self.hkv], positions, self.cos, self.sin)
+        self.cache.write(i, k, heads[:, self.hq + self.hkv :], slots)
+        return q
+
+    def _decode_attention(self, i: int, q, page_table, seq_lens, max_seq_len: int) -> torch.Tensor:
+        """q [B, Hq, D], page_table int32 [B, P], seq_lens int32 [B] -> [B, Hq, D] (static shapes)."""
+        if self.kv4:
+            return self.ops.decode_attention(q, self.cache.k_pages(i), self.cache.v_pages(i), page_table, seq_lens,
+                                             max_seq_len)
+        k, v = self.cache.gather(i, page_table.long())  # [B, Hkv, P*64, D]
+        mask = torch.arange(k.shape[2], device=q.device)[None, :] < seq_lens[:, None]  # [B, P*64]
+        o = F.scaled_dot_product_attention(q[:, :, None], k, v, attn_mask=mask[:, None, None], enable_gqa=True)
+        return o[:, :, 0]
+
+    def _context(self, i: int, page_ids: torch.Tensor, length: int):
+        """A sequence's cached K/V -> [Hkv, L, D] in the activations' dtype."""
+        if not self.kv4:
+            return self.cache.read(i, page_ids, length)
+        return tuple(dequantize_kv(*ref.read_kv4(pool, page_ids, length, self.hkv, self.d), dtype=torch.float16)
+                     for pool in (self.cache.k_pages(i), self.cache.v_pages(i)))
+
+    def _prefill_attention(self, i: int, q: torch.Tensor, step: StepInput, pages, singles) -> torch.Tensor:
+        """Chunks of one token (decodes in a mixed batch) through decode attention, as in decode steps
+        (so a sequence's numbers do not depend on what it is batched with); longer chunks through SDPA."""
+        out = torch.empty_like(q)
+        if singles is not None:
+            rows, table, lens, max_len = singles
+            out[rows] = self._decode_attention(i, q[rows], table, lens, max_len)
+        lo = 0
+        for chunk, page_ids in zip(step.chunks, pages):
+            hi = lo + chunk.num_tokens
+            if chunk.num_tokens == 1:
+                lo = hi
+                continue
+            k, v = self._context(i, page_ids, chunk.context_len)
+            key_pos = torch.arange(chunk.context_len, device=q.device)
+            mask = key_pos[None, :] <= torch.arange(chunk.start, chunk.context_len, device=q.device)[:, None]
+            o = F.scaled_dot_product_attention(q[lo:hi].transpose(0, 1)[None], k[None], v[None], attn_mask=mask,
+                                               enable_gqa=True)
+            out[lo:hi] = o[0].transpose(0, 1)
+            lo = hi
+        return out
+
+    # -- the layer loop ------------------------------------------------------------------------
+    def _mlp_and_o(self, L: _Layer, h: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        t = h.shape[0]
+        attn = attn.reshape(t, self.hq * self.d)
+        if not self.quantized:
+            h = h + F.linear(attn, L.o_w, L.o_b)
+            gu = F.linear(rmsnorm_fp16(h, L.ln2, L.eps), L.gate_up_w)
+            act = F.silu(gu[:, : L.intermediate]) * gu[:, L.intermediate :]
+            return h + F.linear(act, L.down_w)
+        ops = self.ops
+        tiles = ops.tiles_for(t, L.o.group_size)
+        h = h + ops.gemm(L.o, *ops.quant_tokens(attn, L.o.sums, tiles))
+        gu = ops.gemm(L.gate_up, *ops.rmsnorm_quant(h, L.ln2, L.eps, L.gate_up.sums, tiles))
+        act = ops.silu_mul_quant(gu[:, : L.intermediate], gu[:, L.intermediate :], L.down.sums, tiles)
+        return h + ops.gemm(L.down, *act)
+
+    def _qkv(self, L: _Layer, h: torch.Tensor) -> torch.Tensor:
+        if not self.quantized:
+            return F.linear(rmsnorm_fp16(h, L.ln1, L.eps), L.qkv_w, L.qkv_b)
+        tiles = self.ops.tiles_for(h.shape[0], L.qkv.group_size)
+        return self.ops.gemm(L.qkv, *self.ops.rmsnorm_quant(h, L.ln1, L.eps, L.qkv.sums, tiles))
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        return F.linear(rmsnorm_fp16(h, self.norm_w, self.eps), self.head_w)
+
+    def decode_forward(self, ids, positions, slots, page_table, seq_lens, max_seq_len: int) -> torch.Tensor:
+        """One token per sequence, static shapes (what a CUDA graph captures): ids/positions/slots int64
+        [B], page_table int32 [B, P], seq_lens int32 [B] -> logits fp16 [B, V]."""
+        h = F.embedding(ids, self.embed_w)
+        for i, L in enumerate(self.layers):
+            q = self._write_kv(i, self._qkv(L, h), positions, slots)
+            h = self._mlp_and_o(L, h, self._decode_attention(i, q, page_table, seq_lens, max_seq_len))
+        return self._logits(h)
+
+    @torch.inference_mode()
+    def forward(self, step: StepInput) -> torch.Tensor:
+        """-> logits [num_seqs, V] at each sequence's last token of the step."""
+        if step.is_decode:
+            if self.graphs is not None:
+                logits = self.graphs.run(step)
+                if logits is not None:
+                    return logits
+            return self.decode_forward(*self.decode_inputs(step)).float()
+        dev = self.device
+        ids, positions, slots = (torch.tensor(x, dtype=torch.int64).to(dev, non_blocking=True)
+                                 for x in (step.token_ids, step.positions, step.slots))
+        pages = [torch.tensor(c.pages, dtype=torch.int64).to(dev, non_blocking=True) for c in step.chunks]
+        singles = None
+        one = [j for j, c in enumerate(step.chunks) if c.num_tokens == 1]
+        if one:
+            sub = StepInput([], [], [], [step.chunks[j] for j in one])
+            table, lens, max_len = self._tables(sub)
+            rows = torch.tensor([step.last_rows[j] for j in one], dtype=torch.int64).to(dev)
+            singles = (rows, table.to(dev), lens.to(dev), max_len)
+        h = F.embedding(ids, self.embed_w)
+        for i, L in enumerate(self.layers):
+            q = self._write_kv(i, self._qkv(L, h), positions, slots)
+            h = self._mlp_and_o(L, h, self._prefill_attention(i, q, step, pages, singles))
+        rows = torch.tensor(step.last_rows, dtype=torch.int64).to(dev, non_blocking=True)
+        return self._logits(h[rows]).float()
+
+    def decode_inputs(self, step: StepInput, batch: int | None = None, width: int | None = None):
+        """The decode tensors of a step, padded to `batch` rows and `width` pages with the scratch page."""
+        n = len(step.chunks)
+        batch = batch or n
+        width = width or max(len(c.pages) for c in step.chunks)
+        pad = batch - n
+        ids = torch.tensor(step.token_ids + [0] * pad, dtype=torch.int64)
+        positions = torch.tensor(step.positions + [0] * pad, dtype=torch.int64)
+        slots = torch.tensor(step.slots + [self.scratch_page * ref.PAGE_TOKENS] * pad, dtype=torch.int64)
+        table, lens, max_len = self._tables(step, batch, width)
+        dev = self.device
+        return ids.to(dev), positions.to(dev), slots.to(dev), table.to(dev), lens.to(dev), max_len
+
+    def _tables(self, step: StepInput, batch: int | None = None, width: int | None = None):
+        """-> (page table int32 [batch, width], seq_lens int32 [batch], width * 64), CPU; padded rows
+        and columns hold the scratch page, padded rows one token."""
+        batch = batch or len(step.chunks)
+        width = width or max(len(c.pages) for c in step.chunks)
+        table = torch.full((batch, width), self.scratch_page, dtype=torch.int32)
+        for r, c in enumerate(step.chunks):
+            table[r, : len(c.pages)] = torch.tensor(c.pages, dtype=torch.int32)
+        lens = [c.context_len for c in step.chunks] + [1] * (batch - len(step.chunks))
+        return table, torch.tensor(lens, dtype=torch.int32), width * ref.PAGE_TOKENS

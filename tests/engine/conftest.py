@@ -1,0 +1,61 @@
+"""Engine test fixtures: a tiny random W4A8KV4 artifact (and an fp16 one) built once per session, and
+`make_engine`, whose engines are checked after each test: every KV page free again (no leak)."""
+
+import dataclasses
+
+import pytest
+
+from checkpoints import make_tiny_checkpoint
+
+
+def small(name: str):
+    from qoq.recipe import Calibration, load_recipe
+
+    return dataclasses.replace(load_recipe(name), calibration=Calibration(samples=4, seq_len=128, seed=42))
+
+
+@pytest.fixture(scope="session")
+def tiny_ckpt(tmp_path_factory, tiny_tokenizer):
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("engine_tiny"), tiny_tokenizer, hidden=128, heads=4,
+                                kv_heads=2, layers=2, intermediate=256)
+
+
+def _quantize(tmp_path_factory, ckpt, shared_data, recipe):
+    from qoq.passes.pipeline import quantize_model
+
+    out = tmp_path_factory.mktemp("engine_art") / recipe
+    quantize_model(str(ckpt), small(recipe), out, data_dir=shared_data, show_progress=False)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_w4(tmp_path_factory, tiny_ckpt, shared_data):
+    return _quantize(tmp_path_factory, tiny_ckpt, shared_data, "w4a8kv4g64-rtn")
+
+
+@pytest.fixture(scope="session")
+def tiny_fp16(tmp_path_factory, tiny_ckpt, shared_data):
+    return _quantize(tmp_path_factory, tiny_ckpt, shared_data, "fp16")
+
+
+# one tiny-model page (2 layers x K,V x 2 heads x 64 tokens x (32/2 + 4) bytes) is 10240 bytes
+TINY_PAGE_BYTES = 10240
+
+
+@pytest.fixture
+def make_engine():
+    from qoq.engine import LLMEngine
+
+    engines = []
+
+    def make(artifact, **kwargs):
+        kwargs.setdefault("backend", "reference")
+        engine = LLMEngine(artifact, **kwargs)
+        engines.append(engine)
+        return engine
+
+    yield make
+    for engine in engines:
+        assert not engine.scheduler.running and not engine.scheduler.waiting
+        assert engine.blocks.num_free_pages == engine.blocks.num_pages, "KV pages leaked"
+        assert not engine.blocks.table._pages

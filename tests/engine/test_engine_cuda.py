@@ -1,0 +1,83 @@
+"""The engine on the GPU (skipped without one): kernels path vs the CPU engine, graphs vs eager,
+fp16 path vs the reference, batch invariance. Run on the H200:
+    PYTHONPATH=$PWD QOQ_DATA_DIR=... python -m pytest -q -p no:cacheprovider -m cuda tests/engine/test_engine_cuda.py
+"""
+
+import pytest
+import torch
+
+from qoq.engine import SamplingParams
+from test_engine_reference import PROMPTS
+from test_runner_cuda_on_cpu import _rel, assert_same_until_near_tie
+
+pytestmark = pytest.mark.cuda
+
+
+@pytest.fixture(scope="session")
+def cuda_w4(tmp_path_factory, tiny_tokenizer, shared_data):
+    """A tiny artifact the kernels take: head_dim 64, K and N multiples of 64."""
+    from checkpoints import make_tiny_checkpoint
+    from conftest import small
+    from qoq.passes.pipeline import quantize_model
+
+    ckpt = make_tiny_checkpoint(tmp_path_factory.mktemp("cuda_ck"), tiny_tokenizer, hidden=256, heads=4, kv_heads=2,
+                                layers=2, intermediate=512)
+    arts = {}
+    for recipe in ("w4a8kv4g64-rtn", "w4a8kv4-rtn", "fp16"):
+        arts[recipe] = tmp_path_factory.mktemp("cuda_art") / recipe
+        quantize_model(str(ckpt), small(recipe), arts[recipe], data_dir=shared_data, show_progress=False)
+    return arts
+
+
+@pytest.mark.parametrize("recipe", ["w4a8kv4g64-rtn", "w4a8kv4-rtn", "fp16"])
+def test_gpu_engine_matches_cpu_engine(make_engine, cuda_w4, recipe):
+    art = cuda_w4[recipe]
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    cpu = make_engine(art, record_logits=True).generate(PROMPTS, params)
+    gpu = make_engine(art, backend="cuda", kv_budget=64 << 20, record_logits=True).generate(PROMPTS, params)
+    for c, g in zip(cpu, gpu):
+        assert_same_until_near_tie(c, g, margin=1e-3)
+        assert _rel(g.logits[0], c.logits[0]) < (2e-3 if recipe == "fp16" else 5e-2)
+
+
+@pytest.mark.parametrize("recipe", ["w4a8kv4g64-rtn", "fp16"])
+def test_graph_decode_equals_eager_decode(make_engine, cuda_w4, recipe):
+    params = SamplingParams(max_tokens=20, ignore_eos=True)
+    eager = make_engine(cuda_w4[recipe], backend="cuda", kv_budget=64 << 20, cuda_graphs=False,
+                        record_logits=True).generate(PROMPTS, params)
+    engine = make_engine(cuda_w4[recipe], backend="cuda", kv_budget=64 << 20, record_logits=True)
+    graphed = engine.generate(PROMPTS, params)
+    assert engine.runner.graphs.graphs, "no decode step went through a graph"
+    for e, g in zip(eager, graphed):
+        assert g.token_ids == e.token_ids
+        assert max(_rel(a, b) for a, b in zip(g.logits, e.logits)) < 1e-3
+
+
+def test_batch_invariance_on_gpu(make_engine, cuda_w4):
+    art = cuda_w4["w4a8kv4g64-rtn"]
+    params = SamplingParams(max_tokens=60, ignore_eos=True)
+    solo = make_engine(art, backend="cuda", kv_budget=64 << 20, record_logits=True)
+    alone = [solo.generate([p], params)[0] for p in PROMPTS]
+    page = solo.runner.cache.storage[:, :, 0].numel()  # bytes of one page across layers, K and V
+    engine = make_engine(art, backend="cuda", kv_budget=5 * page, max_num_batched_tokens=48, record_logits=True)
+    together = engine.generate(PROMPTS, params)
+    assert engine.scheduler.num_preemptions > 0
+    for a, t in zip(alone, together):
+        n = assert_same_until_near_tie(a, t, margin=1e-3)
+        assert max(_rel(x, y) for x, y in list(zip(a.logits, t.logits))[: n + 1]) < 1e-2
+
+
+@pytest.mark.slow
+def test_smollm2_w4a8kv4_gpu_vs_cpu(make_engine, tmp_path_factory, shared_data):
+    from qoq.passes.pipeline import quantize_model
+    from qoq.recipe import load_recipe
+
+    art = tmp_path_factory.mktemp("smol_w4") / "w4"
+    quantize_model("smollm2-135m", load_recipe("w4a8kv4g64-rtn"), art, data_dir=shared_data, show_progress=False)
+    prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time,", "1, 2, 3, 4,"]
+    params = SamplingParams(max_tokens=32, ignore_eos=True)
+    cpu = make_engine(art, kv_budget=64 << 20, record_logits=True).generate(prompts, params)
+    gpu = make_engine(art, backend="cuda", kv_budget=256 << 20, record_logits=True).generate(prompts, params)
+    for c, g in zip(cpu, gpu):
+        assert_same_until_near_tie(c, g, margin=1e-3)
+    assert torch.cuda.is_available()
