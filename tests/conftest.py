@@ -20,7 +20,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     if not SHARED_DATA.exists():
-        pytest.skip(f"offline data not found at {SHARED_DATA}")
+        pytest.skip(f"offline data not found at {SHARED_DATA}: set QOQ_DATA_DIR to the shared data folder")
     return SHARED_DATA
 
 
