@@ -29,8 +29,11 @@ measurements found the kernels slower than FP16 (fuzz_shapes.PINNED_*).
 3. --pdl-tests: `pytest tests/runtime_cuda/test_pdl_sequences.py` in a subprocess (junit counts).
 4. --routing-sweep: at the hidden sizes of 1-2B models (N, K in {1536, 2048}) and M >= 97, every GEMM
    variant that takes the shape (gemm.VARIANTS), launched as CudaW4A8Linear launches the auto pick
-   (quantization kernel ahead, enable_pdl; bench/gemm_h200.py's w4a8_calls), next to F.linear fp16: data for
-   choosing gemm.Routing there, which was fit to Llama-2-7B shapes only.
+   (quantization kernel ahead, enable_pdl; bench/gemm_h200.py's w4a8_calls), the auto pick also without its
+   quantization kernel, next to F.linear fp16: data for choosing gemm.Routing there. The Routing table was
+   fit to Llama-2-7B shapes (N, K >= 4096); at N, K <= 2048 every M from 97 to 512 falls through
+   _wgmma_variant to its last branch, wg64x64k2 (fewer than one wave of 128x64 tiles, M > wg_half_empty_m),
+   a regime its sweep never timed.
 Sanitizers run as a separate command on a small run (see SANITIZER_NOTE); --sanitizer-logs TOOL=PATH folds their
 "ERROR SUMMARY" counts in.
 
@@ -247,6 +250,11 @@ def routing_sweep(deadline: float, on_row) -> list[dict]:
                     except Exception as exc:
                         row.setdefault("errors", {})[variant] = error_message(exc)
                 row["us"] = times
+                try:  # the auto pick without its quantization kernel: what the quantization costs here
+                    row["auto_gemm_only_us"] = round(time_graph(w4a8_calls(m, n, k, group, row["auto"],
+                                                                           enable_pdl=True), REPS), 3)
+                except Exception as exc:
+                    row.setdefault("errors", {})["auto_gemm_only"] = error_message(exc)
                 if times:
                     best = min(times, key=times.get)
                     row.update(best=best, best_speedup=round(row["fp16_us"] / times[best], 4),
