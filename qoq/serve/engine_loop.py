@@ -107,6 +107,9 @@ class EngineLoop:
                         continue
                     self._dispatch(outputs)
                 self._snapshot()
+        except BaseException as e:  # a bug in this loop: say so on /health rather than hang every request
+            log.exception("the engine loop failed")
+            self.error = e
         finally:
             self._stopping.set()
             self._apply_commands(block=False)
@@ -151,6 +154,11 @@ class EngineLoop:
             handle.engine_id = self.engine.add_request(handle.prompt_ids, handle.params)
         except ValueError as e:  # the HTTP side checks limits first; this is the engine's last word
             self._push(handle, EngineFailure(str(e), 400))
+            self._release()
+            return
+        except Exception as e:  # noqa: BLE001 - a bug: fail this request, keep serving the others
+            log.exception("add_request failed")
+            self._push(handle, EngineFailure(f"internal error: {e}", 500))
             self._release()
             return
         self._handles[handle.engine_id] = handle

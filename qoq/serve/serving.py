@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -41,8 +42,16 @@ def chat_prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 
+_TOKENIZER_LOCK = threading.Lock()  # HF fast tokenizers are not safe to call from several threads at once
+
+
 def prompt_ids(state: ServerState, req) -> list[int]:
     """Runs in a worker thread (tokenizing a long prompt must not stall the event loop)."""
+    with _TOKENIZER_LOCK:
+        return _prompt_ids(state, req)
+
+
+def _prompt_ids(state: ServerState, req) -> list[int]:
     engine = state.engine
     if isinstance(req, ChatCompletionRequest):
         return chat_prompt_ids(engine.tokenizer, [{"role": m.role, "content": m.text()} for m in req.messages])
@@ -156,27 +165,28 @@ async def start(state: ServerState, req, request) -> tuple[RequestHandle, _Shape
     return handle, _Shape(chat, request_id, state.model_name)
 
 
-async def _next(handle: RequestHandle, request) -> RequestOutput | EngineFailure | None:
-    """The next output; None when the client went away (a non-streaming client that hung up)."""
-    if not handle.queue.empty():
-        return handle.queue.get_nowait()
+async def _next(handle: RequestHandle, request, clock: list[float]) -> RequestOutput | EngineFailure | None:
+    """The next output; None when the client went away (a non-streaming client that hung up). The
+    connection is checked every half second whether or not outputs keep coming (clock[0]: last check)."""
     getter = asyncio.ensure_future(handle.queue.get())
     try:
         while True:
-            done, _ = await asyncio.wait({getter}, timeout=0.5)
+            done, _ = await asyncio.wait({getter}, timeout=max(0.0, clock[0] + 0.5 - time.monotonic()))
+            if time.monotonic() >= clock[0] + 0.5 or not done:
+                clock[0] = time.monotonic()
+                if await request.is_disconnected():
+                    return None
             if done:
                 return getter.result()
-            if await request.is_disconnected():
-                return None
     finally:
         getter.cancel()
 
 
 async def whole_response(state: ServerState, handle: RequestHandle, shape: _Shape, request) -> dict:
-    text, n = [], 0
+    text, n, clock = [], 0, [time.monotonic()]
     try:
         while True:
-            out = await _next(handle, request)
+            out = await _next(handle, request, clock)
             if out is None:
                 raise ApiError(499, "client disconnected")
             if isinstance(out, EngineFailure):

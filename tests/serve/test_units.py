@@ -66,3 +66,45 @@ def test_parse_body_defaults():
     chat = parse_body(b'{"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, '
                       b'{"type": "text", "text": "b"}]}], "max_completion_tokens": 7}', ChatCompletionRequest)
     assert chat.messages[0].text() == "ab" and chat.max_tokens == 7
+
+
+def test_engine_loop_step_failure(chat_artifact):
+    """A step that raises fails its requests (500), frees their pages, and marks the engine dead (503)."""
+    import asyncio
+
+    from qoq.engine import LLMEngine, SamplingParams
+    from qoq.serve.engine_loop import EngineFailure, EngineLoop, RequestHandle
+    from qoq.serve.metrics import Metrics
+
+    engine = LLMEngine(chat_artifact, backend="reference")
+    metrics = Metrics("tiny")
+    loop = EngineLoop(engine, metrics)
+    real_step = engine.step
+
+    def failing_step():
+        real_step()  # the request holds pages now
+        raise RuntimeError("device fault")
+
+    async def run():
+        loop.start(asyncio.get_running_loop())
+        try:
+            first = RequestHandle("a", [5, 6, 7], SamplingParams(max_tokens=2))
+            loop.submit(first)
+            outs = [await asyncio.wait_for(first.queue.get(), 30) for _ in range(2)]
+            engine.step = failing_step
+            failed = RequestHandle("b", [5, 6, 7], SamplingParams(max_tokens=2))
+            loop.submit(failed)
+            err = await asyncio.wait_for(failed.queue.get(), 30)
+            late = RequestHandle("c", [5], SamplingParams(max_tokens=2))
+            loop.submit(late)
+            return outs, err, await asyncio.wait_for(late.queue.get(), 30)
+        finally:
+            loop.stop()
+
+    outs, err, late = asyncio.run(run())
+    assert outs[-1].finished and outs[-1].finish_reason == "length"
+    assert isinstance(err, EngineFailure) and err.status == 500 and "device fault" in str(err)
+    assert isinstance(late, EngineFailure) and late.status == 503
+    assert loop.error is not None and loop.num_active == 0
+    assert metrics.requests["error"] == 1 and metrics.requests["length"] == 1
+    assert engine.blocks.num_free_pages == engine.blocks.num_pages
