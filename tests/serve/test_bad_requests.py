@@ -6,7 +6,7 @@ import urllib.request
 
 import pytest
 
-from conftest import API_KEY, MODEL, pages_all_free, post, wait_for
+from serve_support import API_KEY, MODEL, pages_all_free, post, wait_for
 
 CHAT = "/v1/chat/completions"
 COMP = "/v1/completions"

@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import API_KEY, MODEL, pages_all_free, wait_for
+from serve_support import API_KEY, MODEL, pages_all_free, wait_for
 from qoq.engine import SamplingParams
 
 openai = pytest.importorskip("openai")

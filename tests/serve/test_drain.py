@@ -8,7 +8,7 @@ import urllib.request
 
 import pytest
 
-from conftest import Server, post, wait_for
+from serve_support import Server, post, wait_for
 
 httpx = pytest.importorskip("httpx")
 

@@ -3,7 +3,7 @@ engine's greedy output for the same prompt; usage and finish_reason; /v1/models.
 
 import pytest
 
-from conftest import API_KEY, MODEL
+from serve_support import API_KEY, MODEL
 from qoq.engine import SamplingParams
 from qoq.serve.serving import chat_prompt_ids
 

@@ -7,7 +7,7 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from conftest import REPO
+from serve_support import REPO
 
 
 def test_cli_imports_without_fastapi():
