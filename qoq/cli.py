@@ -1,4 +1,4 @@
-"""The `qoq` command: quantize, eval, inspect, recipes. Every command can emit JSON (--json)."""
+"""The `qoq` command: quantize, eval, inspect, recipes, generate, serve. Every command can emit JSON (--json)."""
 
 from __future__ import annotations
 
@@ -129,6 +129,10 @@ def recipes_show(name: str, as_json: bool = typer.Option(False, "--json", help="
 from qoq.engine.generate_cli import generate as _generate  # noqa: E402  (the engine's command)
 
 app.command("generate")(one_line_errors(_generate))
+
+from qoq.serve.cli import serve as _serve  # noqa: E402  (imports FastAPI only when run)
+
+app.command("serve")(one_line_errors(_serve))
 
 
 if __name__ == "__main__":
