@@ -1,25 +1,25 @@
 """End-to-end engine benchmark: W4A8KV4 (g128) vs FP16 on random-weight artifacts of real shapes.
 
-    PYTHONPATH=. python bench/e2e_h200.py --out $OUT [--shapes llama-2-7b,llama-3-8b] [--formats w4a8kv4,fp16]
-    python bench/e2e_h200.py --tiny --out DIR         # CPU, reference backend, tiny shape: a smoke run
-    python bench/e2e_h200.py --merge A.json B.json --out DIR   # one JSON (and plot) from per-shape runs
+    PYTHONPATH=. python bench/e2e_h200.py --out $OUT --shapes llama-2-7b [--formats w4a8kv4,fp16]
+    python bench/e2e_h200.py --tiny --out DIR [--tiny-cuda-runner]   # CPU smoke run of the same code
+    python bench/e2e_h200.py --merge A.json B.json --out DIR          # one JSON and plot from several runs
 
 Per shape and format: build (or reuse, keyed by shape, recipe, seed and device) a random artifact under
---scratch (qoq.export.random_artifact), load LLMEngine once with the engine's default KV budget (a
-fraction of free memory) and measure, each measurement bounded by --max-seconds:
+--scratch (qoq.export.random_artifact; no tokenizer: prompts are random ids, no detokenization is
+timed), load LLMEngine once with its default KV budget (a fraction of free memory), capture the decode
+graphs up front, and measure, each measurement bounded by --max-seconds (results are written after each):
 - ttft: a 1024-token prompt alone, add_request to its first token (median; one warm-up first);
-- sweep: batches 1..256 ascending, adding prompts and prefilling them before timing decode steps
+- sweep: batches 1..256 ascending, each adding and prefilling its new prompts, then timing decode steps
   (engine.step() wall time, every sequence one token); host overhead = 1 - GPU time of the step's CUDA
-  graph (the same graph replayed back to back, CUDA events) / the step's wall time, so everything the
-  step does outside the graph (scheduling, inputs, copies, sampling) counts as overhead;
-  the B=1 row's roofline time = (weights streamed + KV read) / the measured copy bandwidth;
-- max throughput: 1024-in / 512-out requests, ignore_eos, as many as the budget admits at once
-  (capped at --max-concurrency), all submitted together; output tokens / wall time, prefill included.
-  Budgets: "full" = the engine's pool; "48gb" = 48e9 B - the artifact's weight bytes of KV. The 48 GB
-  case runs on the same engine with just the requests that budget admits: with every request admitted
-  at once and none preempted, scheduling is the same as with the smaller pool.
-Prompts are random token ids (artifacts carry no tokenizer: no detokenization is measured).
-Results go to OUT/e2e_h200.json after every measurement (summary on top), the plot to OUT/e2e_h200.png.
+  graph (the same graph replayed back to back between CUDA events) / the step's wall time: whatever the
+  step does outside the graph (scheduling, input tensors and copies, sampling) counts as overhead;
+  the B=1 row's roofline = (weights streamed + KV read) / the copy_ bandwidth measured in this run;
+- max throughput: 1024-in / 512-out requests, ignore_eos, as many as the budget holds at once (at most
+  --max-concurrency), submitted together; output tokens / wall time, prefill included. "full": the
+  engine's pool; "48gb": 48e9 B less the artifact's weight bytes of KV, run on the same engine with the
+  requests that budget holds (all admitted at once, none preempted: the same schedule as a smaller pool).
+  An out-of-memory error there is retried once at half the requests (the row says so).
+The engine runs with --max-batched-tokens 8192 (a throughput setting; the engine's default is 2048).
 """
 
 from __future__ import annotations
@@ -114,12 +114,16 @@ def capture_graphs(engine, sizes: tuple[int, ...], top: int, pages: int, run: di
 
 def run_format(result: dict, args, plan: Plan, shape: str, fmt: str, end: float, save) -> None:
     base = {"shape": shape, "format": fmt}
+    if end - time.perf_counter() < 60:  # not worth building and loading a model for
+        result["rows"].append({**base, "kind": "load", "error": "skipped: out of --total-seconds"})
+        return
     vocab = SHAPES[shape]["vocab_size"]
     print(f"{shape} {fmt}: artifact", flush=True)
     path, info = ensure_artifact(args.scratch, shape, fmt, args.seed, plan.device)
     weights = artifact_weight_bytes(path)
     run = {**base, "artifact": str(path), **info, "weight_bytes": weights}
-    if plan.device == "cuda":  # what the engine's default budget starts from (a leak would show here)
+    free_engine()  # the engine's default KV budget is a fraction of free memory: release the build's cache
+    if plan.device == "cuda":  # what that budget starts from (a leak would show here)
         run["gpu_free_bytes_before_load"] = torch.cuda.mem_get_info()[0]
     t = time.perf_counter()
     engine = LLMEngine(path, backend=plan.backend, max_num_seqs=args.max_concurrency,

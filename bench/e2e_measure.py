@@ -61,11 +61,6 @@ def step_until(engine: LLMEngine, done, deadline: float) -> tuple[int, bool]:
     return tokens, True
 
 
-def must(reached: bool, what: str) -> None:
-    if not reached:
-        raise TimeoutError(f"{what} ran past --max-seconds")
-
-
 def measure_ttft(engine, plan, vocab: int, deadline: float) -> list[dict]:
     times = []
     for rep in range(plan.ttft_reps + 1):  # rep 0 warms up (first-use costs)
@@ -73,7 +68,8 @@ def measure_ttft(engine, plan, vocab: int, deadline: float) -> list[dict]:
             t = time.perf_counter()
             rids.append(engine.add_request(prompts(1, plan.prompt, vocab, 100 + rep)[0],
                                            SamplingParams(max_tokens=1, ignore_eos=True)))
-            must(step_until(engine, lambda: not engine.has_unfinished(), deadline)[1], "ttft")
+            if not step_until(engine, lambda: not engine.has_unfinished(), deadline)[1]:
+                raise TimeoutError("ttft ran past --max-seconds")
             if rep:
                 times.append(time.perf_counter() - t)
     return [{"kind": "ttft", "prompt_tokens": plan.prompt, "ms": 1e3 * statistics.median(times),
@@ -112,9 +108,10 @@ def measure_sweep(engine, plan, vocab: int, deadline: float, roofline) -> list[d
             new = prompts(batch - len(rids), plan.prompt, vocab, 1000 + batch)
             fresh = [engine.add_request(p, SamplingParams(max_tokens=plan.output, ignore_eos=True)) for p in new]
             rids += fresh
-            must(step_until(engine, lambda: all(engine.sequence(r).output_ids for r in fresh), deadline)[1],
-                 f"prefill of batch {batch}")
-            for _ in range(plan.warm_steps):  # graph capture of a new bucket happens here
+            if not step_until(engine, lambda: all(engine.sequence(r).output_ids for r in fresh), deadline)[1]:
+                rows.append({"kind": "sweep", "batch": batch, "skipped": "prefill ran past --max-seconds"})
+                break  # the smaller batches' rows stay
+            for _ in range(plan.warm_steps):  # a bucket not captured up front is captured here
                 engine.step()
             walls = []
             for _ in range(plan.decode_steps):

@@ -19,7 +19,8 @@ def _value(rows: list[dict], key: str, **match) -> tuple[float | None, str | Non
     hits = [r for r in rows if all(r.get(k) == v for k, v in match.items())]
     what = ", ".join(f"{k}={v}" for k, v in match.items())
     if not hits:
-        return None, f"no row ({what}): not run"
+        failed = [r["error"] for r in rows if r.get("kind") == "load" and r.get("format") == match.get("format")]
+        return None, f"{what}: " + (f"build or load failed: {failed[-1]}" if failed else "not run")
     row = hits[-1]
     for bad in ("error", "skipped"):
         if bad in row:

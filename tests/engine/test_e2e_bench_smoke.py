@@ -79,3 +79,23 @@ def test_cuda_runner_on_cpu_one_format_then_merge(tiny_result, scratch, tmp_path
     check_keys(merged["summary"])
     assert len(merged["rows"]) == len(tiny_result[1]["rows"]) + len(data["rows"])
     assert " && " in merged["summary"]["command"]
+
+
+def test_graph_capture_plan_uses_the_engines_graphs():
+    """The GPU-only capture step against the real DecodeGraphs bucketing (capture itself stubbed)."""
+    from types import SimpleNamespace
+
+    from bench.e2e_h200 import GPU, capture_graphs
+    from qoq.engine.cuda_graphs import DecodeGraphs
+
+    graphs = DecodeGraphs.__new__(DecodeGraphs)  # no CUDA stream on the CPU
+    graphs.batch_sizes, graphs.max_pages, graphs.graphs = (1, 2, 4, 8, 16, 32, 64, 128, 256), 64, {}
+    captured = []
+    graphs.capture = lambda batch, pages: captured.append((batch, pages))
+    run = {}
+    capture_graphs(SimpleNamespace(runner=SimpleNamespace(graphs=graphs)), GPU.options["graph_batch_sizes"], 145,
+                   24, run)
+    assert captured == [(b, 32) for b in (152, 144, 136, 128, 120, 112, 104, 96, 88, 80, 72, 64, 56, 48, 40, 32,
+                                          24, 16, 8, 4, 2, 1)]
+    assert graphs.bucket(145, 20) == (152, 32) and graphs.bucket(153, 20) is None  # eager past the top bucket
+    assert "graph_capture_error" not in run and run["graph_capture_s"] >= 0
