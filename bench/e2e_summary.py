@@ -62,6 +62,8 @@ def shape_summary(rows: list[dict]) -> dict:
         "no W4A8KV4 sweep row with a graph timing (reference backend, or the sweep did not run)")
     put("speedup_vs_fp8_max_throughput_48gb", None, FP8_REASON)
     s["null_reasons"] = why
+    s["oom_retries"] = [f"{r['format']} {r['budget']}: {r['requests']} requests, not {r['oom_retry_from']}"
+                        for r in rows if "oom_retry_from" in r]
     return s
 
 
