@@ -151,7 +151,7 @@ def run_format(result: dict, args, plan: Plan, shape: str, fmt: str, end: float,
              ("max_throughput", measure_max_throughput, (min(small_fits, full_n), "48gb", small_kv, small_fits)),
              ("max_throughput", measure_max_throughput, (full_n, "full", run["kv_pool_bytes"], fits))]
     for name, fn, extra in steps:
-        rows = []
+        rows, first_n = [], extra[0] if extra else None
         for attempt in range(2):  # an OOM at full concurrency is retried once at half
             left = end - time.perf_counter()
             if left < 5:
@@ -160,7 +160,7 @@ def run_format(result: dict, args, plan: Plan, shape: str, fmt: str, end: float,
             try:
                 rows = fn(engine, plan, vocab, time.perf_counter() + min(args.max_seconds, left), *extra)
                 if attempt:
-                    rows = [{**r, "oom_retry_from": extra[0] * 2} for r in rows]
+                    rows = [{**r, "oom_retry_from": first_n} for r in rows]
                 break
             except Exception as e:  # noqa: BLE001 (record it and go on with the next measurement)
                 print(f"  {name} failed: {type(e).__name__}: {e}", flush=True)
