@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from functools import wraps
 
 import click
+import typer
 
 DEBUG_ENV = "QOQ_DEBUG"
 HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
@@ -85,14 +86,14 @@ def one_line_errors(fn):
         try:
             with signals_as_exceptions():
                 return fn(*args, **kwargs)
-        except (click.exceptions.Exit, click.exceptions.ClickException, click.exceptions.Abort):
+        except (typer.Exit, click.exceptions.Exit, click.exceptions.ClickException, click.exceptions.Abort):
             raise
         except BaseException as e:  # noqa: BLE001  the CLI boundary
             if isinstance(e, SystemExit) or debug_enabled():
                 raise
             msg, code = one_line(e)
             print(f"error: {msg}", file=sys.stderr)
-            raise click.exceptions.Exit(code) from None
+            raise typer.Exit(code) from None
 
     return wrapper
 

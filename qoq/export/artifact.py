@@ -126,7 +126,7 @@ class ArtifactWriter:
         except OSError:
             raise
         except Exception as e:  # safetensors raises its own error type, e.g. on a full disk
-            raise OSError(f"cannot write {file}: {' '.join(str(e).split())}") from e
+            raise OSError(f"cannot write {self.out_dir}: {' '.join(str(e).split())}") from e
         for name, t in tensors.items():
             self._entries[name] = {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
                                    "sha256": tensor_sha256(t)}

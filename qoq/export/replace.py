@@ -96,7 +96,7 @@ def replace_dir(new: Path, out: Path) -> None:
         _rename(new, out)
         return
     if _exchange(new, out):  # `new` now holds the old artifact
-        shutil.rmtree(new, ignore_errors=True)
+        _remove_quietly(new)
         return
     aside = Path(tempfile.mkdtemp(prefix=f".{out.name}{OLD_TAG}", dir=out.parent))
     aside.rmdir()  # only its unique name is wanted
@@ -106,7 +106,16 @@ def replace_dir(new: Path, out: Path) -> None:
     except BaseException:
         _rename(aside, out)  # put the old artifact back
         raise
-    shutil.rmtree(aside, ignore_errors=True)
+    _remove_quietly(aside)
+
+
+def _remove_quietly(old: Path) -> None:
+    """The new artifact is in place: failing to delete the old one is not an error (sweep_stale
+    removes it on a later run)."""
+    try:
+        shutil.rmtree(old)
+    except OSError:
+        pass
 
 
 def _age(p: Path) -> float:
