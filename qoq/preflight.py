@@ -9,7 +9,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from qoq.export.replace import check_replaceable, sweep_stale
+from qoq.export.replace import check_replaceable
 from qoq.models.config import ModelConfig
 from qoq.models.loader import CheckpointError, CheckpointReader
 from qoq.recipe import Recipe
@@ -23,12 +23,10 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**28 else f"{n / 2**20:.1f} MiB"
 
 
-def check_output(output: Path, overwrite: bool, model_dir: Path) -> list[str]:
-    """The output can be replaced (see `check_replaceable`) and its parent written; removes stale
-    temp dirs beside it. Returns notes for the user."""
+def check_output(output: Path, overwrite: bool, model_dir: Path) -> None:
+    """The output can be replaced (see `check_replaceable`) and its parent written."""
     check_replaceable(output, overwrite, protect=[model_dir])
-    parent = output.parent
-    existing = parent
+    existing = output.parent
     while not existing.exists():
         existing = existing.parent
     if not existing.is_dir():
@@ -38,7 +36,6 @@ def check_output(output: Path, overwrite: bool, model_dir: Path) -> list[str]:
     except OSError as e:
         raise PermissionError(f"cannot write the output {output}: {existing} is not writable "
                               f"({e.strerror or e})") from None
-    return sweep_stale(parent) if parent.is_dir() else []
 
 
 def estimate_artifact_bytes(shapes: dict[str, list[int]], recipe: Recipe, tied: bool) -> int:
@@ -112,18 +109,17 @@ def check_memory(cfg: ModelConfig, samples: int, seq_len: int) -> None:
     needed = ACTIVATION_COPIES * samples * seq_len * cfg.hidden_size * 4
     available = available_memory()
     if available is not None and needed > available:
-        raise MemoryError(
+        raise ValueError(
             f"calibration needs about {_gib(needed)} for activations ({samples} samples x {seq_len} tokens x "
             f"hidden {cfg.hidden_size}, fp32), but {_gib(available)} of memory is available; lower the "
             "recipe's [calibration] samples or seq_len")
 
 
 def run_all(model: str, model_dir: Path, reader: CheckpointReader, cfg: ModelConfig, recipe: Recipe,
-            output: Path, overwrite: bool) -> list[str]:
-    notes = check_output(output, overwrite, model_dir)
+            output: Path, overwrite: bool) -> None:
+    check_output(output, overwrite, model_dir)
     shapes = reader.shapes()
     check_checkpoint(reader, cfg, shapes, model)
     check_space(output, estimate_artifact_bytes(shapes, recipe, cfg.tie_word_embeddings))
     check_memory(cfg, recipe.calibration.samples, recipe.calibration.seq_len)
-    return notes
 

@@ -26,7 +26,7 @@ def qoq(*args, **kw):
 
 def one_line_error(result, *needles, code=1):
     assert result.exit_code == code, (result.exit_code, result.output)
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    lines = [line for line in result.stderr.splitlines() if line.strip() and not line.startswith("note: ")]
     assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
     for needle in needles:
         assert needle in lines[0], lines[0]
@@ -130,6 +130,14 @@ def test_signals_remove_temp_dirs_and_keep_the_old_artifact(artifact, tmp_path, 
     one_line_error(quantize(tiny_dir, fast, old, shared_data, "--overwrite"), code=128 + signum)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["old"]
     assert qoq("inspect", old).exit_code == 0
+
+
+def test_an_artifact_set_aside_by_a_killed_run_is_put_back(artifact, tmp_path, tiny_dir, fast, shared_data):
+    shutil.copytree(artifact, tmp_path / ".out.old-k1ll3d")  # killed between the two renames
+    result = quantize(tiny_dir, fast, tmp_path / "out", shared_data)
+    assert f"note: restored {tmp_path / 'out'}" in result.stderr
+    one_line_error(result, "already exists", "--overwrite")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"] and qoq("inspect", tmp_path / "out").exit_code == 0
 
 
 # 4. no tracebacks: every error through the one-line wrapper; --debug shows the stack

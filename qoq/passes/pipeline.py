@@ -16,6 +16,7 @@ import torch
 from qoq import FORMAT_VERSION, __version__, preflight
 from qoq.calibration import calibration_tokens, describe, load_spec, source
 from qoq.export.artifact import CONFIG_MARK, ArtifactWriter
+from qoq.export.replace import sweep_stale
 from qoq.models.config import ModelConfig
 from qoq.models.loader import CheckpointReader, load_block, load_skeleton, load_tokenizer, resolve_model
 from qoq.passes.base import PASSES, BlockContext, ModelContext
@@ -132,16 +133,17 @@ def quantize_model(model: str, recipe: Recipe, output: Path, *, data_dir: Path |
                    ) -> QuantizeResult:
     t0 = time.perf_counter()
     output = Path(output)
+    for note in sweep_stale(output.parent):  # first: it may put back an artifact a killed run set aside
+        stderr.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
     if output.exists() and not overwrite:
-        raise FileExistsError(f"output {output} already exists (pass --overwrite to replace it)")
+        raise FileExistsError(f"output {output} already exists (pass --overwrite to replace an existing artifact)")
     path = resolve_model(model)
     reader = CheckpointReader(path)
     cfg = ModelConfig.from_hf(reader.config())
     check_compatible(cfg, recipe)
     spec = load_spec(recipe.calibration.data)
     source(spec, data_dir)  # a named local source that is missing fails now, naming the path
-    for note in preflight.run_all(model, path, reader, cfg, recipe, output, overwrite):
-        stderr.print(f"note: {note}", markup=False, highlight=False)
+    preflight.run_all(model, path, reader, cfg, recipe, output, overwrite)
     c = recipe.calibration
     tokens = calibration_tokens(spec, load_tokenizer(path), data_dir=data_dir, samples=c.samples,
                                 seq_len=c.seq_len, seed=c.seed)  # [n, T]
