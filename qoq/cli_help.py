@@ -1,10 +1,14 @@
-"""Conventional help text for the `qoq` command. Typer 0.29 prints `<bool>` after every flag,
-`<str>` after every value and `{name}` for required arguments; this restores the usual forms
-(`--json`, `--windows N`, `eval TASK MODEL`). Importing the module applies it."""
+"""Conventional help text and usage errors for the `qoq` command. Typer 0.29 prints `<bool>` after
+every flag, `<str>` after every value and `{name}` for required arguments; this restores the usual
+forms (`--json`, `--windows N`, `eval TASK MODEL`). A usage error (missing option, bad value) is one
+`error:` line like every other error, not a boxed panel (exit code 2, click's). Importing the module
+applies both."""
 
 from __future__ import annotations
 
-from typer import core
+import sys
+
+from typer import core, rich_utils
 
 _ARG_TYPES = {"<str>", "<path>"}
 
@@ -36,3 +40,14 @@ core.TyperOption.display_type_rich = _option_type
 core.TyperArgument.display_type_rich = _argument_type
 core.TyperArgument._usage_display_name = _argument_usage
 core.TyperArgument._rich_display_name = _argument_name
+
+
+def _one_line_usage_error(e) -> None:
+    if type(e).__name__ == "NoArgsIsHelpError":  # the help was printed: nothing to add
+        return
+    ctx = getattr(e, "ctx", None)
+    hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+    print(f"error: {' '.join(e.format_message().split())}{hint}", file=sys.stderr)
+
+
+rich_utils.rich_format_error = _one_line_usage_error

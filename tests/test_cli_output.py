@@ -32,6 +32,9 @@ def test_version_and_help():
         text = qoq_cli(*verb, "--help").stdout
         assert "<bool>" not in text and "<str>" not in text and "{" not in text, text
     assert "eval [OPTIONS] TASK MODEL" in qoq_cli("eval", "--help").stdout
+    usage = qoq_cli("eval", "wikitext2", "x", "--windows", "abc")
+    assert usage.exit_code == 2 and usage.stderr.count("\n") == 1, usage.stderr
+    assert usage.stderr.startswith("error: Invalid value for '--windows'") and "--help" in usage.stderr
 
 
 def test_recipes_human_and_json_without_machine_paths():
