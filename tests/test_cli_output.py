@@ -58,7 +58,8 @@ def test_eval_human_by_default_json_on_request(tiny_dir, shared_data):
     assert data["windows"] == 1 and data["ppl"] > 1
 
 
-def test_piped_quantize_summary_is_one_line_and_inspect_has_both_renderings(tiny_dir, tmp_path, shared_data):
+def test_piped_quantize_summary_is_one_line_and_inspect_has_both_renderings(tiny_dir, tmp_path, shared_data,
+                                                                           monkeypatch):
     recipe = tmp_path / "fast.toml"
     recipe.write_text(FAST)
     out = tmp_path / "a-rather-long-output-directory-name" / "so-that-the-summary-passes-eighty-columns"
@@ -66,6 +67,12 @@ def test_piped_quantize_summary_is_one_line_and_inspect_has_both_renderings(tiny
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert len(lines) == 1 and len(lines[0]) > 80 and lines[0].startswith(f"wrote {out} "), lines
+    import qoq.export.artifact as artifact_mod
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("inspect loaded the tensors")
+
+    monkeypatch.setattr(artifact_mod, "load_file", no_load)  # inspect streams checksums instead
     human, as_json = qoq_cli("inspect", out), qoq_cli("inspect", out, "--json")
     assert json.loads(as_json.stdout)["quantized_linears"] == 14 and "tensor formats" in human.stdout
 
