@@ -86,3 +86,10 @@ def test_recipe_errors_name_the_file_and_the_options(tmp_path):
     options.write_text(FAST.replace('passes = ["rtn"]', 'passes = ["reorder", "rtn"]') + "[pass_options.reorder]\nx = 1\n")
     result = qoq_cli("recipes", "show", options)
     assert result.exit_code == 1 and "unknown key 'pass_options.reorder.x' (known: none" in result.stderr
+
+
+def test_json_is_always_valid_json():
+    from qoq.cli_errors import json_text
+
+    text = json_text({"ppl": float("nan"), "windows": [1.0, float("inf")], "ok": 2.5})
+    assert json.loads(text) == {"ppl": None, "windows": [1.0, None], "ok": 2.5} and "NaN" not in text
