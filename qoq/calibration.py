@@ -1,7 +1,9 @@
 """Calibration and evaluation data: strict TOML specs, local-file or HF loading, seeded sampling.
 
-A spec names where text comes from: a local file under the data dir (`--data-dir` or `QOQ_DATA_DIR`),
-tried first, else an HF dataset (`datasets` is imported only then). A spec is a name in the repo's
+A spec names where text comes from: a local file under the data dir (`--data-dir` or `QOQ_DATA_DIR`)
+and/or an HF dataset. With a data dir set, the local file is read and its absence is an error at once
+naming the path (never a silent switch to the network); the hub (`datasets`, imported only then) is
+used only for a spec with `hf_dataset` and no data dir set, or a spec with no `local_file`. A spec is a name in the repo's
 `calib/` dir, a path to a `.toml`, or a direct `.txt`/`.jsonl`/`.parquet` file (an ad-hoc spec).
 """
 
@@ -97,20 +99,30 @@ def data_dir(explicit: str | os.PathLike | None = None) -> Path | None:
 
 
 def local_path(spec: DataSpec, data_dir: str | os.PathLike | None = None) -> Path | None:
-    """The spec's local file when it exists (absolute, or under the data dir), else None."""
+    """The local file the spec reads, or None when it is to be read from the hub (see the module
+    docstring). A named local source that cannot be found raises FileNotFoundError naming the path."""
     if spec.local_file is None:
         return None
     path = Path(spec.local_file)
+    root = Path(data_dir) if data_dir is not None else _env_data_dir()
     if not path.is_absolute():
-        root = Path(data_dir) if data_dir is not None else _env_data_dir()
         if root is None:
-            return None
+            if spec.hf_dataset is not None:
+                return None
+            raise FileNotFoundError(f"data spec {spec.name!r}: local file {spec.local_file!r} needs a data dir "
+                                    f"(set --data-dir or {DATA_DIR_ENV}), and it has no hf_dataset")
+        if not root.is_dir():
+            raise FileNotFoundError(f"data dir {root} (from --data-dir or {DATA_DIR_ENV}) is not a directory")
         path = root / path
-    return path if path.is_file() else None
+    if not path.is_file():
+        hub = f"; unset the data dir to read {spec.hf_dataset!r} from the hub" if spec.hf_dataset else ""
+        raise FileNotFoundError(f"data spec {spec.name!r}: local file {path} not found{hub}")
+    return path
 
 
 def source(spec: DataSpec, data_dir: str | os.PathLike | None = None) -> str:
-    """Where `load_texts` reads from: a local path, or `hf:dataset[/config]:split`."""
+    """Where `load_texts` reads from: a local path, or `hf:dataset[/config]:split`. Checking it is the
+    pre-flight for data: a missing local source fails here, before any long work."""
     path = local_path(spec, data_dir)
     if path is not None:
         return str(path)
@@ -124,16 +136,7 @@ def load_texts(spec: DataSpec, data_dir: str | os.PathLike | None = None) -> lis
     path = local_path(spec, data_dir)
     if path is not None:
         return _read_local(path, spec.text_field)
-    if spec.hf_dataset is None:
-        missing = _local_miss(spec, data_dir)
-        raise FileNotFoundError(f"data spec {spec.name!r}: {missing}, and it has no hf_dataset")
-    return _read_hf(spec, data_dir)
-
-
-def _local_miss(spec: DataSpec, data_dir) -> str:
-    looked = Path(data_dir) if data_dir is not None else _env_data_dir()
-    where = f"under data dir {looked}" if looked is not None else "(no data dir given)"
-    return f"local file {spec.local_file!r} not found {where} (set --data-dir or {DATA_DIR_ENV})"
+    return _read_hf(spec)
 
 
 def _read_local(path: Path, field: str) -> list[str]:
@@ -166,19 +169,22 @@ def _read_local(path: Path, field: str) -> list[str]:
     raise ValueError(f"{path}: unsupported data file type {path.suffix!r} (use {', '.join(TEXT_SUFFIXES)})")
 
 
-def _read_hf(spec: DataSpec, data_dir: str | os.PathLike | None) -> list[str]:
-    offline_hint = _local_miss(spec, data_dir)
+def _read_hf(spec: DataSpec) -> list[str]:
+    offline_hint = f"no data dir is set (--data-dir or {DATA_DIR_ENV}) for its local copy {spec.local_file!r}" \
+        if spec.local_file else "it names no local file"
     try:
         import datasets
     except ImportError as e:
         raise ImportError(
-            f"data spec {spec.name!r}: {offline_hint}, and the HF fallback {spec.hf_dataset!r} needs "
+            f"data spec {spec.name!r}: {offline_hint}, and reading HF dataset {spec.hf_dataset!r} needs "
             "`datasets` (pip install 'qoq[data]')"
         ) from e
     try:
         rows = datasets.load_dataset(spec.hf_dataset, spec.hf_config, split=spec.hf_split)
-    except Exception as e:  # offline hubs raise many kinds of errors; name both sources tried
-        raise RuntimeError(f"data spec {spec.name!r}: {offline_hint}; HF load failed: {e}") from e
+    except Exception as e:  # offline hubs raise many kinds of errors: one line naming both sources
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise OSError(f"data spec {spec.name!r}: {offline_hint}; loading HF dataset {spec.hf_dataset!r} "
+                      f"failed: {reason}") from e
     if spec.text_field not in rows.column_names:
         raise ValueError(f"HF dataset {spec.hf_dataset!r} has no text field {spec.text_field!r}")
     return list(rows[spec.text_field])

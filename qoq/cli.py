@@ -1,58 +1,63 @@
-"""The `qoq` command: quantize, eval, inspect, recipes, generate, serve. Every command can emit JSON (--json)."""
+"""The `qoq` command: quantize, eval, inspect, recipes, generate, serve. Every command prints a human
+rendering, or JSON with --json. Errors are one line (qoq/cli_errors.py); help text conventions:
+qoq/cli_help.py."""
 
 from __future__ import annotations
 
-import json
-import sys
-from functools import wraps
 from pathlib import Path
 from typing import Optional
 
 import typer
 from rich.console import Console
 
+import qoq
+import qoq.cli_help  # noqa: F401  conventional help text
+from qoq.cli_errors import DEBUG_ENV, json_text, one_line_errors, state
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Compile LLMs to W4A8KV4 (QServe/QoQ), measure them, run them.")
 recipes_app = typer.Typer(help="List recipes, or show one resolved.", invoke_without_command=True)
 app.add_typer(recipes_app, name="recipes")
-out = Console()
+out = Console(soft_wrap=True)  # piped output: long lines stay whole
 
 
-def _user_errors() -> tuple[type[BaseException], ...]:
-    """Errors caused by the input (bad recipe, missing model, corrupt artifact): one line, exit 1."""
-    from qoq.models.loader import CheckpointError
+def _version(value: bool) -> None:
+    if value:
+        print(f"qoq {qoq.__version__}")
+        raise typer.Exit()
 
-    return (ValueError, KeyError, OSError, ImportError, CheckpointError)
 
-
-def one_line_errors(fn):
-    @wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except _user_errors() as e:
-            msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
-            print(f"error: {msg}", file=sys.stderr)
-            raise typer.Exit(1) from None
-
-    return wrapper
+@app.callback()
+def main(
+    debug: bool = typer.Option(False, "--debug", help=f"show the full stack of an error (or set {DEBUG_ENV}=1)"),
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                 help="print the version and exit"),
+):
+    """Compile LLMs to W4A8KV4 (QServe/QoQ), measure them, run them."""
+    state.debug = debug
 
 
 def _emit(data: dict, as_json: bool, render) -> None:
     if as_json:
-        print(json.dumps(data, indent=2, default=str))
+        print(json_text(data))
     else:
         render(data)
+
+
+def _render_quantize(s: dict) -> None:
+    out.print(f"[green]wrote[/green] {s['output']}  ({s['recipe']}, {s['layers']} layers, block rel err "
+              f"mean {s['block_rel_err_mean']:.4f} max {s['block_rel_err_max']:.4f}, {s['seconds']:.1f} s, "
+              f"peak RSS {s['peak_rss_gib']:.2f} GiB)", highlight=False)
 
 
 @app.command()
 @one_line_errors
 def quantize(
-    model: str = typer.Option(..., help="HF directory, hub id, or the embedded default 'smollm2-135m'"),
-    recipe: str = typer.Option("w4a8kv4g128", help="recipe name (qoq recipes) or path to a .toml"),
-    output: Path = typer.Option(..., help="artifact directory to create"),
-    data_dir: Optional[Path] = typer.Option(None, help="local copies of datasets (default: $QOQ_DATA_DIR)"),
-    overwrite: bool = typer.Option(False, help="replace an existing output directory"),
+    model: str = typer.Option(..., metavar="MODEL", help="HF directory, hub id, or the embedded default 'smollm2-135m'"),
+    recipe: str = typer.Option("w4a8kv4g128", metavar="RECIPE", help="recipe name (qoq recipes) or path to a .toml"),
+    output: Path = typer.Option(..., metavar="DIR", help="artifact directory to create"),
+    data_dir: Optional[Path] = typer.Option(None, metavar="DIR", help="local copies of datasets (default: $QOQ_DATA_DIR)"),
+    overwrite: bool = typer.Option(False, help="replace an existing qoq artifact (or empty directory) at --output"),
     as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
 ):
     """Quantize a model with a recipe and write a packed artifact."""
@@ -62,11 +67,19 @@ def quantize(
 
     result = quantize_model(model, load_recipe(recipe), output, data_dir=resolve_data_dir(data_dir),
                             overwrite=overwrite)
-    s = result.summary
-    _emit(s, as_json, lambda s: out.print(
-        f"[green]wrote[/green] {s['output']}  ({s['recipe']}, {s['layers']} layers, block rel err "
-        f"mean {s['block_rel_err_mean']:.4f} max {s['block_rel_err_max']:.4f}, {s['seconds']:.1f} s, "
-        f"peak RSS {s['peak_rss_gib']:.2f} GiB)"))
+    _emit(result.summary, as_json, _render_quantize)
+
+
+def _render_eval(r: dict) -> None:
+    what = f"{r['model']} ({'artifact, recipe ' + str(r['recipe']) + ', ' if r['artifact'] else ''}{r['backend']})"
+    if r.get("task") == "wikitext2" and "ppl" in r:
+        out.print(f"wikitext2 perplexity {r['ppl']:.4f}  {what}, {r['windows']}/{r['total_windows']} windows of "
+                  f"{r['seq_len']} tokens, {r['seconds']:.1f} s", highlight=False)
+        return
+    out.print(f"{r['task']}  {what}", highlight=False)
+    for task, metrics in (r.get("results") or {}).items():
+        shown = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if isinstance(v, float))
+        out.print(f"  {task}: {shown}", highlight=False)
 
 
 @app.command("eval")
@@ -74,11 +87,11 @@ def quantize(
 def evaluate(
     task: str = typer.Argument(..., help="'wikitext2', or lm-eval task names separated by commas"),
     model: str = typer.Argument(..., help="an artifact directory, or a model (HF dir, hub id, smollm2-135m)"),
-    windows: Optional[int] = typer.Option(None, help="wikitext2: evaluate the first N windows only"),
-    backend: str = typer.Option("reference", help="artifact executor: reference (torch) or cuda"),
-    data_dir: Optional[Path] = typer.Option(None, help="local copies of datasets (default: $QOQ_DATA_DIR)"),
-    limit: Optional[int] = typer.Option(None, help="lm-eval: examples per task"),
-    include_path: Optional[Path] = typer.Option(None, help="lm-eval: a folder of extra task YAMLs"),
+    windows: Optional[int] = typer.Option(None, metavar="N", help="wikitext2: evaluate the first N windows only"),
+    backend: str = typer.Option("reference", metavar="NAME", help="artifact executor: reference (torch) or cuda"),
+    data_dir: Optional[Path] = typer.Option(None, metavar="DIR", help="local copies of datasets (default: $QOQ_DATA_DIR)"),
+    limit: Optional[int] = typer.Option(None, metavar="N", help="lm-eval: examples per task"),
+    include_path: Optional[Path] = typer.Option(None, metavar="DIR", help="lm-eval: a folder of extra task YAMLs"),
     as_json: bool = typer.Option(False, "--json", help="print the result as JSON"),
 ):
     """Accuracy of an artifact (exactly what will be served) or of an unquantized model."""
@@ -87,7 +100,7 @@ def evaluate(
 
     result = evaluate_task(task, model, windows=windows, backend=backend, data_dir=resolve_data_dir(data_dir),
                            limit=limit, include_path=include_path, show_progress=not as_json)
-    _emit(result, as_json, lambda r: out.print_json(data={k: v for k, v in r.items() if k != "nll_per_window"}))
+    _emit(result, as_json, _render_eval)
 
 
 @app.command()
@@ -97,10 +110,10 @@ def inspect(
     as_json: bool = typer.Option(False, "--json", help="print as JSON"),
 ):
     """Layers, formats, bytes and compression of an artifact (checksums verified)."""
-    from qoq.export.artifact import read_artifact
+    from qoq.export.artifact import verify_artifact
     from qoq.export.inspect import inspect_artifact, render_inspect
 
-    read_artifact(artifact)  # verifies the format version and every tensor's checksum
+    verify_artifact(artifact, complete=True)  # schema, version, streamed checksums, every needed tensor
     _emit(inspect_artifact(artifact), as_json, lambda info: render_inspect(info, out))
 
 
@@ -113,17 +126,29 @@ def recipes(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", he
     from qoq.recipe import load_recipe, recipe_names
 
     rows = {n: load_recipe(n).description for n in recipe_names()}
-    _emit(rows, as_json, lambda rows: [out.print(f"[bold]{n:<14}[/bold] {d}") for n, d in rows.items()])
+    width = max(map(len, rows), default=0)
+    _emit(rows, as_json, lambda rows: [out.print(f"[bold]{n:<{width}}[/bold]  {d}", highlight=False)
+                                       for n, d in rows.items()])
+
+
+def _render_recipe(d: dict) -> None:
+    out.print(f"[bold]{d['name']}[/bold]  {d['description']}", highlight=False)
+    rows = [("source", d["source"]), ("passes", ", ".join(d["passes"]) or "(none)"),
+            ("format", "  ".join(f"{k}={v}" for k, v in d["format"].items())),
+            ("calibration", "  ".join(f"{k}={v}" for k, v in d["calibration"].items()))]
+    rows += [(f"options.{p}", "  ".join(f"{k}={v}" for k, v in o.items())) for p, o in d["pass_options"].items() if o]
+    for label, value in rows:
+        out.print(f"  {label:<24} {value}", highlight=False)
 
 
 @recipes_app.command("show")
 @one_line_errors
-def recipes_show(name: str, as_json: bool = typer.Option(False, "--json", help="print as JSON")):
+def recipes_show(name: str = typer.Argument(..., help="a recipe name or a path to a .toml"),
+                 as_json: bool = typer.Option(False, "--json", help="print as JSON")):
     """Print a recipe with every default filled in."""
     from qoq.recipe import load_recipe
 
-    data = load_recipe(name).to_dict()
-    _emit(data, as_json, lambda d: out.print_json(data=d))
+    _emit(load_recipe(name).to_dict(), as_json, _render_recipe)
 
 
 from qoq.engine.generate_cli import generate as _generate  # noqa: E402  (the engine's command)

@@ -52,18 +52,21 @@ def parse_recipe(raw: dict, name: str, where: str) -> Recipe:
 
 def load_recipe(name_or_path: str) -> Recipe:
     """A recipe by name (recipes/NAME.toml) or by path to a .toml file."""
-    path = Path(name_or_path)
+    path = where = Path(name_or_path)
     if path.suffix != ".toml":
         path = RECIPE_DIR / f"{name_or_path}.toml"
-        if not path.exists():
+        where = Path("recipes") / path.name  # built-ins are named without this machine's path
+        if "/" in str(name_or_path) or not path.is_file():
             raise RecipeError(f"unknown recipe '{name_or_path}' (known: {', '.join(recipe_names())})")
-    elif not path.exists():
-        raise RecipeError(f"recipe file not found: {path}")
+    elif not path.is_file():
+        raise RecipeError(f"recipe file not found: {path}" if not path.exists() else f"{path}: not a file")
     try:
-        raw = tomllib.loads(path.read_text())
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise RecipeError(f"{where}: not a text file (a recipe is UTF-8 TOML)") from None
     except tomllib.TOMLDecodeError as e:
-        raise RecipeError(f"{path}: not valid TOML ({e})") from None
-    return parse_recipe(raw, path.stem, str(path))
+        raise RecipeError(f"{where}: not valid TOML ({e})") from None
+    return parse_recipe(raw, path.stem, str(where))
 
 
 def recipe_names() -> list[str]:

@@ -65,7 +65,7 @@ def parse_section(cls, raw: dict, section: str, where: str):
     values = {}
     for key, value in raw.items():
         if not hasattr(defaults, key):
-            known = ", ".join(defaults.__dataclass_fields__)
+            known = ", ".join(defaults.__dataclass_fields__) or "none: it takes no options"
             raise RecipeError(f"{where}: unknown key '{section}.{key}' (known: {known})")
         expected = type(getattr(defaults, key))
         if expected is float and type(value) is int:

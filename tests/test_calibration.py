@@ -135,12 +135,26 @@ def test_unknown_spec_name_lists_known():
         load_spec("nope")
 
 
-def test_missing_local_file_without_datasets(monkeypatch, tmp_path):
+def test_missing_local_file_fails_at_once_and_never_reaches_the_hub(monkeypatch, tmp_path):
+    """A data dir that lacks the spec's file is an error naming the path, not a switch to the network."""
     monkeypatch.delenv(DATA_DIR_ENV, raising=False)
-    monkeypatch.setitem(sys.modules, "datasets", None)  # import datasets -> ImportError
-    with pytest.raises(ImportError) as error:
+    monkeypatch.setitem(sys.modules, "datasets", None)  # any attempt to use the hub -> ImportError
+    with pytest.raises(FileNotFoundError) as error:
         load_texts(load_spec("pile-val"), tmp_path)
-    for part in ("calib/groups_merged.txt", str(tmp_path), DATA_DIR_ENV, "datasets"):
-        assert part in str(error.value)
-    with pytest.raises(FileNotFoundError, match="no hf_dataset"):
+    assert str(tmp_path / "calib" / "groups_merged.txt") in str(error.value)
+    monkeypatch.setenv(DATA_DIR_ENV, str(tmp_path / "wrong"))
+    with pytest.raises(FileNotFoundError, match="wrong.*is not a directory"):
+        load_texts(load_spec("pile-val"))
+    with pytest.raises(FileNotFoundError, match="missing.txt"):
         load_texts(DataSpec(name="x", local_file="missing.txt"), tmp_path)
+
+
+def test_hub_only_without_a_data_dir(monkeypatch):
+    monkeypatch.delenv(DATA_DIR_ENV, raising=False)
+    monkeypatch.setitem(sys.modules, "datasets", None)
+    with pytest.raises(ImportError) as error:
+        load_texts(load_spec("pile-val"))
+    for part in ("calib/groups_merged.txt", DATA_DIR_ENV, "datasets"):
+        assert part in str(error.value)
+    with pytest.raises(FileNotFoundError, match="needs a data dir"):
+        load_texts(DataSpec(name="x", local_file="missing.txt"))

@@ -36,9 +36,9 @@ def load_artifact_model(path: str | Path, backend: str = "reference", device: st
     make_linear = LINEAR_BACKENDS.get(backend)
     device = device or ("cuda" if backend == "cuda" else "cpu")
     dtype = dtype or (torch.float16 if torch.device(device).type == "cuda" else torch.float32)
-    art = read_artifact(path)
+    art = read_artifact(path, complete=True)
     cfg = ModelConfig.from_hf(art.config)
-    fmt = Format(**art.manifest["recipe"]["format"])
+    fmt = Format(**art.manifest["recipe"].get("format", {}))
     with torch.device("meta"):
         lm = CausalLM(cfg)
 

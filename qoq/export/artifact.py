@@ -1,8 +1,10 @@
 """Artifact directory writer and reader (docs/design.md §4).
 
-The writer builds everything in a temp dir beside the target and renames it into place, so a
-failure never leaves a half-written artifact. The reader refuses unknown format versions,
-unreadable shards, checksum mismatches and missing or extra tensors, naming the file and tensor.
+The writer builds everything in a temp dir beside the target and swaps it into place
+(`qoq.export.replace`), so a failure never leaves a half-written artifact or loses the old one.
+The reader validates qoq.json against its schema (`qoq.export.manifest`) and refuses unknown format
+versions, unreadable shards, checksum mismatches and missing or extra tensors, naming the file and
+tensor. Checksums are streamed from the files: verifying never holds a tensor in memory.
 """
 
 from __future__ import annotations
@@ -10,21 +12,45 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import tempfile
+import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable
 
 import torch
 from safetensors.torch import load_file, save_file
 
 import qoq
+from qoq.export.manifest import ManifestError, parse_manifest, required_tensors
+from qoq.export.replace import check_replaceable, make_temp_dir, replace_dir, user_modes
 
 MANIFEST = "qoq.json"
 RESERVED_KEYS = ("format_version", "producer", "tensors")
+CONFIG_MARK = "qoq_artifact"  # config.json key naming an artifact even when qoq.json is gone
+# safetensors header dtype -> torch dtype name (as qoq.json spells it)
+HEADER_DTYPES = {"F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float64", "I8": "int8",
+                 "U8": "uint8", "I16": "int16", "I32": "int32", "I64": "int64", "BOOL": "bool"}
+CHUNK = 1 << 24
 
 
 class ArtifactError(ValueError):
     """A bad or unreadable artifact; the message is one line naming the file (and tensor)."""
+
+
+def is_artifact(path: str | Path) -> bool:
+    """A directory with qoq.json, or whose config.json marks it as a qoq artifact (quant_method "qoq"
+    or the qoq_artifact key): such a directory must verify as an artifact or be refused."""
+    path = Path(path)
+    if (path / MANIFEST).exists():
+        return True
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(config, dict):
+        return False
+    quant = config.get("quantization_config")
+    return CONFIG_MARK in config or (isinstance(quant, dict) and quant.get("quant_method") == "qoq")
 
 
 @dataclass
@@ -59,12 +85,16 @@ class ArtifactWriter:
     the shards, writes the index, config.json, copied files and qoq.json (per-tensor SHA-256) and
     renames the dir into place. Leaving the `with` block without `finish` removes the temp dir."""
 
-    def __init__(self, out_dir: str | Path, shard_bytes: int = 2**31, overwrite: bool = False):
+    def __init__(self, out_dir: str | Path, shard_bytes: int = 2**31, overwrite: bool = False,
+                 protect: Iterable[Path] = ()):
+        """overwrite: replace an existing artifact or empty dir; never anything in `protect` (the input)."""
         self.out_dir, self.shard_bytes = Path(out_dir), shard_bytes
-        if self.out_dir.exists() and not overwrite:
-            raise ArtifactError(f"{self.out_dir} already exists (pass overwrite=True to replace it)")
+        try:
+            check_replaceable(self.out_dir, overwrite, protect)
+        except FileExistsError:
+            raise ArtifactError(f"{self.out_dir} already exists (pass overwrite=True to replace it)") from None
         self.out_dir.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.out_dir.name}.tmp-", dir=self.out_dir.parent))
+        self.tmp = make_temp_dir(self.out_dir)
         self._buffer: dict[str, torch.Tensor] = {}
         self._buffered = 0
         self._shards: list[list[str]] = []  # tensor names of each written shard
@@ -90,7 +120,13 @@ class ArtifactWriter:
 
     def _flush(self) -> None:
         tensors = _unshared(self._buffer)
-        save_file(tensors, str(self.tmp / f"shard-{len(self._shards):05d}.partial"), metadata={"format": "pt"})
+        file = self.tmp / f"shard-{len(self._shards):05d}.partial"
+        try:
+            save_file(tensors, str(file), metadata={"format": "pt"})
+        except OSError:
+            raise
+        except Exception as e:  # safetensors raises its own error type, e.g. on a full disk
+            raise OSError(f"cannot write {self.out_dir}: {' '.join(str(e).split())}") from e
         for name, t in tensors.items():
             self._entries[name] = {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
                                    "sha256": tensor_sha256(t)}
@@ -119,7 +155,8 @@ class ArtifactWriter:
         entries = {name: {"file": weight_map[name], **entry} for name, entry in self._entries.items()}
         head = {"format_version": qoq.FORMAT_VERSION, "producer": f"qoq {qoq.__version__}"}
         (self.tmp / MANIFEST).write_text(json.dumps({**head, **manifest, "tensors": entries}, indent=2))
-        _replace_dir(self.tmp, self.out_dir)
+        user_modes(self.tmp)
+        replace_dir(self.tmp, self.out_dir)
         return self.out_dir
 
 
@@ -138,16 +175,6 @@ def write_artifact(
         return writer.finish(config, manifest, copy_files)
 
 
-def _replace_dir(tmp: Path, out_dir: Path) -> None:
-    if not out_dir.exists():
-        tmp.rename(out_dir)
-        return
-    old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
-    out_dir.rename(old / "artifact")  # keep the old one until the new one is in place
-    tmp.rename(out_dir)
-    shutil.rmtree(old, ignore_errors=True)
-
-
 def read_json(path: Path) -> dict:
     if not path.is_file():
         raise ArtifactError(f"{path} not found")
@@ -158,20 +185,91 @@ def read_json(path: Path) -> dict:
 
 
 def load_manifest(path: str | Path) -> dict:
-    """Parse and version-check DIR/qoq.json without loading any tensor."""
+    """Parse, version-check and schema-check DIR/qoq.json without reading any tensor."""
     path = Path(path)
     if not path.is_dir():
         raise ArtifactError(f"artifact directory {path} not found")
+    if not (path / MANIFEST).is_file() and is_artifact(path):
+        raise ArtifactError(f"{path} is a qoq artifact (config.json says so) but its {MANIFEST} is missing: "
+                            "it cannot be verified; quantize it again")
     manifest = read_json(path / MANIFEST)
-    version = manifest.get("format_version")
+    version = manifest.get("format_version") if isinstance(manifest, dict) else None
     if version != qoq.FORMAT_VERSION:
         raise ArtifactError(
             f"unknown artifact format version {version} in {path / MANIFEST}; "
             f"this qoq reads version {qoq.FORMAT_VERSION}"
         )
-    if not isinstance(manifest.get("tensors"), dict):
-        raise ArtifactError(f"{path / MANIFEST} has no 'tensors' table")
+    try:
+        parse_manifest(manifest, path, str(path / MANIFEST))
+    except ManifestError as e:
+        raise ArtifactError(str(e)) from None
     return manifest
+
+
+def _shard_header(file: Path) -> tuple[dict, int, int]:
+    """(header, offset of the data, file size) of a safetensors file, read without its data."""
+    try:
+        size = file.stat().st_size
+        with open(file, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            if n > size - 8:
+                raise ValueError(f"header of {n} bytes in a {size}-byte file")
+            header = json.loads(f.read(n))
+        if not isinstance(header, dict):
+            raise ValueError("header is not a JSON object")
+    except (OSError, ValueError, struct.error) as e:
+        raise ArtifactError(f"cannot read shard {file}: truncated or corrupt ({e})") from None
+    return header, 8 + n, size
+
+
+def _verify_shard(file: Path, expected: dict[str, dict]) -> None:
+    """Names, dtypes, shapes and streamed SHA-256 of every tensor of one shard against qoq.json."""
+    header, start, size = _shard_header(file)
+    header.pop("__metadata__", None)
+    missing, extra = sorted(expected.keys() - header.keys()), sorted(header.keys() - expected.keys())
+    if missing or extra:
+        raise ArtifactError(f"{file}: missing tensors {missing[:3]}, unlisted tensors {extra[:3]}")
+    with open(file, "rb") as f:
+        for name, info in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
+            entry = expected[name]
+            dtype = HEADER_DTYPES.get(info.get("dtype"), info.get("dtype"))
+            if dtype != entry["dtype"] or list(info.get("shape", ())) != entry["shape"]:
+                raise ArtifactError(f"tensor {name} in {file} is {dtype} {info.get('shape')}, "
+                                    f"qoq.json says {entry['dtype']} {entry['shape']}")
+            begin, end = info["data_offsets"]
+            if start + end > size:
+                raise ArtifactError(f"cannot read shard {file}: truncated (tensor {name} ends past the file)")
+            f.seek(start + begin)
+            digest, left = hashlib.sha256(), end - begin
+            while left > 0:
+                chunk = f.read(min(CHUNK, left))
+                if not chunk:
+                    break
+                digest.update(chunk)
+                left -= len(chunk)
+            if digest.hexdigest() != entry["sha256"]:
+                raise ArtifactError(f"checksum mismatch for tensor {name} in {file}")
+
+
+def verify_artifact(path: str | Path, complete: bool = False) -> tuple[dict, dict]:
+    """(manifest, config) of a verified artifact: schema, version, shards, every tensor's streamed
+    checksum, the exact tensor set; `complete`: also every tensor config.json's model needs."""
+    path = Path(path)
+    manifest = load_manifest(path)
+    config = read_json(path / "config.json")
+    entries: dict[str, dict] = manifest["tensors"]
+    if complete:
+        missing = required_tensors(config, set(entries))
+        if missing:
+            raise ArtifactError(f"{path}: the model needs tensor {missing[0]}, which the artifact lacks "
+                                f"({len(missing)} missing)")
+    files = sorted({e["file"] for e in entries.values()})
+    unlisted = sorted({f.name for f in path.glob("*.safetensors")} - set(files))
+    if unlisted:
+        raise ArtifactError(f"{path} holds shard(s) {unlisted} that {MANIFEST} does not list")
+    for file in files:
+        _verify_shard(path / file, {n: e for n, e in entries.items() if e["file"] == file})
+    return manifest, config
 
 
 def _load_shard(file: Path) -> dict[str, torch.Tensor]:
@@ -182,34 +280,11 @@ def _load_shard(file: Path) -> dict[str, torch.Tensor]:
         raise ArtifactError(f"cannot read shard {file}: {reason}") from None
 
 
-def _check_tensor(name: str, t: torch.Tensor, entry: dict, file: Path) -> None:
-    dtype = str(t.dtype).removeprefix("torch.")
-    if dtype != entry["dtype"] or list(t.shape) != entry["shape"]:
-        raise ArtifactError(
-            f"tensor {name} in {file} is {dtype} {list(t.shape)}, qoq.json says {entry['dtype']} {entry['shape']}"
-        )
-    if tensor_sha256(t) != entry["sha256"]:
-        raise ArtifactError(f"checksum mismatch for tensor {name} in {file}")
-
-
-def read_artifact(path: str | Path) -> Artifact:
-    """Load and verify an artifact: version, shards, per-tensor SHA-256, exact tensor set."""
+def read_artifact(path: str | Path, complete: bool = False) -> Artifact:
+    """Verify an artifact (`verify_artifact`), then load its tensors."""
     path = Path(path)
-    manifest = load_manifest(path)
-    config = read_json(path / "config.json")
-    entries: dict[str, dict] = manifest["tensors"]
-    files = sorted({e["file"] for e in entries.values()})
-    unlisted = sorted({f.name for f in path.glob("*.safetensors")} - set(files))
-    if unlisted:
-        raise ArtifactError(f"{path} holds shard(s) {unlisted} that {MANIFEST} does not list")
+    manifest, config = verify_artifact(path, complete)
     tensors: dict[str, torch.Tensor] = {}
-    for file in files:
-        shard = _load_shard(path / file)
-        expected = {name for name, e in entries.items() if e["file"] == file}
-        missing, extra = sorted(expected - shard.keys()), sorted(shard.keys() - expected)
-        if missing or extra:
-            raise ArtifactError(f"{path / file}: missing tensors {missing[:3]}, unlisted tensors {extra[:3]}")
-        for name, t in shard.items():
-            _check_tensor(name, t, entries[name], path / file)
-        tensors.update(shard)
+    for file in sorted({e["file"] for e in manifest["tensors"].values()}):
+        tensors.update(_load_shard(path / file))
     return Artifact(path=path, config=config, manifest=manifest, tensors=tensors)

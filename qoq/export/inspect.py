@@ -1,7 +1,7 @@
 """Summary of an artifact: model, layers, tensor formats, bytes on disk vs fp16 (`qoq inspect`).
 
 Reads only qoq.json, config.json and file sizes (no tensor data), so it is instant on big models;
-`read_artifact` is the one that verifies checksums.
+`verify_artifact` is the one that verifies checksums (streamed: it loads no tensor either).
 """
 
 from __future__ import annotations

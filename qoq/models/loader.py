@@ -89,6 +89,14 @@ class CheckpointReader:
     def names(self) -> list[str]:
         return sorted(self._file_of)
 
+    def shapes(self) -> dict[str, list[int]]:
+        """Every tensor's shape, read from the safetensors headers (no tensor data)."""
+        out = {}
+        for file in sorted(set(self._file_of.values())):
+            handle = self._open(file)
+            out.update({name: list(handle.get_slice(name).get_shape()) for name in handle.keys()})
+        return out
+
     def __contains__(self, name: str) -> bool:
         return name in self._file_of
 

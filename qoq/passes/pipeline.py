@@ -13,14 +13,15 @@ from pathlib import Path
 
 import torch
 
-from qoq import __version__
-from qoq.calibration import calibration_tokens, describe, load_spec
-from qoq.export.artifact import ArtifactWriter
+from qoq import FORMAT_VERSION, __version__, preflight
+from qoq.calibration import calibration_tokens, describe, load_spec, source
+from qoq.export.artifact import CONFIG_MARK, ArtifactWriter
+from qoq.export.replace import sweep_stale
 from qoq.models.config import ModelConfig
 from qoq.models.loader import CheckpointReader, load_block, load_skeleton, load_tokenizer, resolve_model
 from qoq.passes.base import PASSES, BlockContext, ModelContext
 from qoq.passes.finalize import block_tensors, model_tensors, round_to_storage, swap_quantized
-from qoq.progress import StepProgress, peak_rss_gib, rss_gib
+from qoq.progress import StepProgress, peak_rss_gib, rss_gib, stderr
 from qoq.recipe_schema import Recipe, RecipeError
 
 TOKENIZER_FILES = (
@@ -132,13 +133,17 @@ def quantize_model(model: str, recipe: Recipe, output: Path, *, data_dir: Path |
                    ) -> QuantizeResult:
     t0 = time.perf_counter()
     output = Path(output)
+    for note in sweep_stale(output.parent):  # first: it may put back an artifact a killed run set aside
+        stderr.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
     if output.exists() and not overwrite:
-        raise FileExistsError(f"output {output} already exists (pass --overwrite to replace it)")
+        raise FileExistsError(f"output {output} already exists (pass --overwrite to replace an existing artifact)")
     path = resolve_model(model)
     reader = CheckpointReader(path)
     cfg = ModelConfig.from_hf(reader.config())
     check_compatible(cfg, recipe)
     spec = load_spec(recipe.calibration.data)
+    source(spec, data_dir)  # a named local source that is missing fails now, naming the path
+    preflight.run_all(model, path, reader, cfg, recipe, output, overwrite)
     c = recipe.calibration
     tokens = calibration_tokens(spec, load_tokenizer(path), data_dir=data_dir, samples=c.samples,
                                 seq_len=c.seq_len, seed=c.seed)  # [n, T]
@@ -153,7 +158,7 @@ def quantize_model(model: str, recipe: Recipe, output: Path, *, data_dir: Path |
 
     # shards stream to a temp dir beside the output as blocks finish (memory holds one shard);
     # it is renamed into place by finish() and removed if anything fails before
-    with ArtifactWriter(output, SHARD_BYTES, overwrite) as writer:
+    with ArtifactWriter(output, SHARD_BYTES, overwrite, protect=[path]) as writer:
         writer.add(model_tensors(lm, cfg))
         if not keep_model:
             lm = None  # embeddings and lm_head are exported: free their float copies before the blocks
@@ -180,6 +185,7 @@ def quantize_model(model: str, recipe: Recipe, output: Path, *, data_dir: Path |
                 "quant_method": "qoq", "wbits": f.weight_bits, "group_size": f.group_size,
                 "abits": f.act_bits, "kv_bits": f.kv_bits, "recipe": recipe.name, "producer": f"qoq {__version__}"}
         hf_config["torch_dtype"] = "float16"
+        hf_config[CONFIG_MARK] = {"format_version": FORMAT_VERSION, "recipe": recipe.name}
         copy = [path / n for n in TOKENIZER_FILES if (path / n).exists()]
         writer.finish(hf_config, manifest, copy_files=copy)
     summary.update(output=str(output), seconds=time.perf_counter() - t0, peak_rss_gib=peak_rss_gib())
