@@ -21,11 +21,11 @@ class EvalError(ValueError):
     """An evaluation that cannot run or whose result is not a number."""
 
 
-def check_backend(backend: str) -> None:
+def check_backend(backend: str, on_gpu: bool = True) -> None:
     from qoq.executor import LINEAR_BACKENDS
 
     LINEAR_BACKENDS.get(backend)  # unknown names: KeyError listing the known ones
-    if backend == "cuda" and not torch.cuda.is_available():
+    if backend == "cuda" and on_gpu and not torch.cuda.is_available():
         raise EvalError("--backend cuda needs an NVIDIA GPU with CUDA, and torch sees none; "
                         "use --backend reference")
 
@@ -75,22 +75,25 @@ def load_engine_for_eval(model: str, max_tokens: int, prefill_chunk: int | None 
                                            "kv_pages": engine.blocks.num_pages}}
 
 
-def _load(model: str, backend: str, max_tokens: int, prefill_chunk: int | None):
+def _load(model: str, backend: str, max_tokens: int, prefill_chunk: int | None, engine_options: dict):
     """(callable ids [1, T] -> logits [1, T, V], tokenizer, description)."""
     from qoq.export.artifact import is_artifact
 
     if backend == "cuda" and is_artifact(Path(model)):
-        return load_engine_for_eval(model, max_tokens, prefill_chunk)
+        return load_engine_for_eval(model, max_tokens, prefill_chunk, **engine_options)
     lm, tokenizer, about = load_for_eval(model, backend)
     return _forward(lm), tokenizer, about
 
 
 def evaluate_task(task: str, model: str, *, windows: int | None = None, backend: str = "reference",
                   data_dir: Path | None = None, limit: int | None = None, include_path: Path | None = None,
-                  show_progress: bool = True, seq_len: int = 2048, prefill_chunk: int | None = None) -> dict:
+                  show_progress: bool = True, seq_len: int = 2048, prefill_chunk: int | None = None,
+                  engine_options: dict | None = None) -> dict:
     """`seq_len`: wikitext2's window length (the protocol's 2048 by default); `prefill_chunk`: the
-    engine's prefill chunk with `backend="cuda"` (default 2048: one chunk per protocol window)."""
-    check_backend(backend)
+    engine's prefill chunk with `backend="cuda"` (default 2048: one chunk per protocol window);
+    `engine_options`: CudaRunner options (the CPU tests: device="cpu", ops="reference")."""
+    engine_options = dict(engine_options or {})
+    check_backend(backend, on_gpu=engine_options.get("device", "cuda") != "cpu")
     if windows is not None and windows < 1:
         raise EvalError(f"--windows must be >= 1, got {windows}")
     if seq_len < 2:
@@ -103,7 +106,7 @@ def evaluate_task(task: str, model: str, *, windows: int | None = None, backend:
         source(load_spec(TEST_SPEC), data_dir)  # a missing local split fails now, naming the path
         ids = wikitext2_token_ids(load_tokenizer(_tokenizer_dir(model)), data_dir)  # sizes the bar, feeds the eval
         plan = window_plan(ids.numel(), seq_len, windows)  # an impossible --windows fails before loading
-        forward, tokenizer, about = _load(model, backend, seq_len, prefill_chunk)
+        forward, tokenizer, about = _load(model, backend, seq_len, prefill_chunk, engine_options)
         bar = StepProgress("wikitext2", plan["windows"], ("window", "ppl so far"), enabled=show_progress)
         with bar.running():
             result = wikitext2_perplexity(forward, tokenizer, data_dir=data_dir, windows=windows, ids=ids,
@@ -121,7 +124,7 @@ def evaluate_task(task: str, model: str, *, windows: int | None = None, backend:
         from qoq.eval.engine_forward import model_positions
 
         max_length = min(max_length, model_positions(model))
-    forward, tokenizer, about = _load(model, backend, max_length, prefill_chunk)
+    forward, tokenizer, about = _load(model, backend, max_length, prefill_chunk, engine_options)
     tasks = [t.strip() for t in task.split(",") if t.strip()]
     result = run_lm_eval(forward, tokenizer, tasks, limit=limit, include_path=include_path, max_length=max_length)
     return {**about, "task": task, **result}

@@ -116,3 +116,32 @@ def test_default_kv_budget_holds_one_window(tiny_w4, tiny_fp16):
 def test_window_longer_than_the_model_is_refused(tiny_w4):
     with pytest.raises(ValueError, match="exceed the model's 1024 positions"):
         load_engine_for_eval(tiny_w4, 2048, **CPU)
+
+
+def test_evaluate_task_cuda_backend_runs_the_engine(tiny_w4, shared_data):
+    """`evaluate_task(backend="cuda")` (what `qoq eval --backend cuda` calls), on the CPU data flow."""
+    from qoq.eval.runner import evaluate_task
+
+    common = dict(windows=2, data_dir=shared_data, show_progress=False, seq_len=SEQ_LEN)
+    got = evaluate_task("wikitext2", str(tiny_w4), backend="cuda", prefill_chunk=40,
+                        engine_options=dict(device="cpu", ops="reference"), **common)
+    want = evaluate_task("wikitext2", str(tiny_w4), backend="reference", **common)
+    assert got["backend"] == "cuda" and got["engine"] == {"prefill_chunk": 40, "kv_pages": 1}
+    assert got["recipe"] == want["recipe"] and got["seq_len"] == want["seq_len"] == SEQ_LEN
+    assert "64-token windows" in got["protocol"]
+    assert abs(got["ppl"] - want["ppl"]) / want["ppl"] < PPL_TOL["w4"]
+
+
+def test_lm_eval_scoring_through_the_engine(tiny_w4, tiny_tokenizer, stream):
+    """The lm-eval adapter takes the engine's callable as it takes the executor (loglikelihoods close)."""
+    from qoq.eval.lm_eval_adapter import QoqLMScoring
+
+    forward, engine = load_engine_for_eval(tiny_w4, SEQ_LEN, prefill_chunk=16, **CPU)
+    ids = stream.tolist()
+    requests = [(None, ids[:30], ids[30:34]), (None, ids[100:150], ids[150:170])]
+    got = QoqLMScoring(forward, tiny_tokenizer, max_length=SEQ_LEN)._loglikelihood_tokens(requests)
+    executor = _forward(load_artifact_model(tiny_w4)[0])
+    want = QoqLMScoring(executor, tiny_tokenizer, max_length=SEQ_LEN)._loglikelihood_tokens(requests)
+    for (g, _), (w, _) in zip(got, want):
+        assert abs(g - w) / abs(w) < PPL_TOL["w4"]
+    _assert_all_free(engine)
