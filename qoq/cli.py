@@ -88,7 +88,11 @@ def evaluate(
     task: str = typer.Argument(..., help="'wikitext2', or lm-eval task names separated by commas"),
     model: str = typer.Argument(..., help="an artifact directory, or a model (HF dir, hub id, smollm2-135m)"),
     windows: Optional[int] = typer.Option(None, metavar="N", help="wikitext2: evaluate the first N windows only"),
-    backend: str = typer.Option("reference", metavar="NAME", help="artifact executor: reference (torch) or cuda"),
+    backend: str = typer.Option(
+        "reference", metavar="NAME",
+        help="artifact backend: reference (the executor's integer-exact torch model, CPU) or cuda (the serving "
+             "engine's CUDA runner: fused W4A8 kernels, KV4 pages, chunked prefill; what is served)"),
+    seq_len: int = typer.Option(2048, metavar="N", help="wikitext2: window length in tokens (the protocol's 2048)"),
     data_dir: Optional[Path] = typer.Option(None, metavar="DIR", help="local copies of datasets (default: $QOQ_DATA_DIR)"),
     limit: Optional[int] = typer.Option(None, metavar="N", help="lm-eval: examples per task"),
     include_path: Optional[Path] = typer.Option(None, metavar="DIR", help="lm-eval: a folder of extra task YAMLs"),
@@ -99,7 +103,7 @@ def evaluate(
     from qoq.eval.runner import evaluate_task
 
     result = evaluate_task(task, model, windows=windows, backend=backend, data_dir=resolve_data_dir(data_dir),
-                           limit=limit, include_path=include_path, show_progress=not as_json)
+                           seq_len=seq_len, limit=limit, include_path=include_path, show_progress=not as_json)
     _emit(result, as_json, _render_eval)
 
 

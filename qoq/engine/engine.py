@@ -15,7 +15,9 @@ import threading
 import time
 from pathlib import Path
 
-from qoq.engine.batch import build_step_input
+import torch
+
+from qoq.engine.batch import SeqChunk, StepInput, build_step_input
 from qoq.engine.block_manager import BlockManager, pages_for
 from qoq.engine.detokenize import Detokenizer, TokenBytes
 from qoq.engine.model_loading import eos_token_ids, load_tokenizer_or_none
@@ -149,6 +151,37 @@ class LLMEngine:
             self._seqs.pop(seq.seq_id, None)
         seq.text += delta
         return RequestOutput(seq.seq_id, [token], delta, reason is not None, reason)
+
+    # -- scoring -------------------------------------------------------------------------------
+    def prompt_logits(self, token_ids: list[int], chunk_tokens: int | None = None) -> torch.Tensor:
+        """Logits fp32 [T, V] at every position of `token_ids` (on the runner's device): the tokens are
+        prefilled in chunks of `chunk_tokens` (default: max_num_batched_tokens) through the runner,
+        which writes their K/V to real pages (KV4 through rope_kv4_write) and lets later chunks attend
+        over them, exactly as serving a prompt does; the pages are freed afterwards. What `qoq eval
+        --backend cuda` scores. Not scheduled: it runs at once, between steps, under the engine lock."""
+        ids = [int(t) for t in token_ids]
+        chunk = chunk_tokens or self.scheduler.max_num_batched_tokens
+        if not ids or chunk < 1:
+            raise ValueError("prompt_logits needs tokens and a chunk of >= 1 token")
+        if len(ids) > self.max_model_len:
+            raise ValueError(f"{len(ids)} tokens exceed max_model_len {self.max_model_len}")
+        with self._lock:
+            if pages_for(len(ids)) > self.blocks.num_free_pages:
+                raise ValueError(f"{len(ids)} tokens need {pages_for(len(ids))} KV pages; "
+                                 f"{self.blocks.num_free_pages} are free")
+            rid, self._next_id = self._next_id, self._next_id + 1
+            out = []
+            try:
+                for start in range(0, len(ids), chunk):
+                    n = min(chunk, len(ids) - start)
+                    slots = self.blocks.allocate(rid, n)
+                    step = StepInput(ids[start : start + n], list(range(start, start + n)), slots,
+                                     [SeqChunk(start, n, self.blocks.pages(rid))])
+                    out.append(self.runner.forward(step, return_all_logits=True))
+                    self.stats["prefill_tokens"] += n
+            finally:
+                self.blocks.free(rid)
+            return torch.cat(out)
 
     # -- convenience ---------------------------------------------------------------------------
     def generate(self, prompts: list[str | list[int]], params: SamplingParams | list[SamplingParams] | None = None,

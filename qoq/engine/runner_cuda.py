@@ -182,8 +182,10 @@ class CudaRunner:
         return self._logits(h)
 
     @torch.inference_mode()
-    def forward(self, step: StepInput) -> torch.Tensor:
-        """-> logits [num_seqs, V] at each sequence's last token of the step."""
+    def forward(self, step: StepInput, return_all_logits: bool = False) -> torch.Tensor:
+        """-> logits fp32 [num_seqs, V] at each sequence's last token of the step, or with
+        `return_all_logits` at every token [T, V] (scoring: `LLMEngine.prompt_logits`; the serving path
+        never sets it). A decode step has one token per sequence, so both are the same rows."""
         if step.is_decode:
             if self.graphs is not None:
                 logits = self.graphs.run(step)
@@ -205,6 +207,8 @@ class CudaRunner:
         for i, L in enumerate(self.layers):
             q = self._write_kv(i, self._qkv(L, h), positions, slots)
             h = self._mlp_and_o(L, h, self._prefill_attention(i, q, step, pages, singles))
+        if return_all_logits:
+            return self._logits(h).float()
         rows = torch.tensor(step.last_rows, dtype=torch.int64).to(dev, non_blocking=True)
         return self._logits(h[rows]).float()
 

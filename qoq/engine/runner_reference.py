@@ -83,8 +83,9 @@ class ReferenceRunner:
         return out
 
     @torch.inference_mode()
-    def forward(self, step: StepInput) -> torch.Tensor:
-        """-> logits fp32 [num_seqs, V] at each sequence's last token of the step."""
+    def forward(self, step: StepInput, return_all_logits: bool = False) -> torch.Tensor:
+        """-> logits fp32 [num_seqs, V] at each sequence's last token of the step ([T, V], every token,
+        with `return_all_logits`)."""
         cfg = self.config
         dev = self.device
         ids = torch.tensor(step.token_ids, dtype=torch.int64, device=dev)
@@ -104,5 +105,7 @@ class ReferenceRunner:
             o = self._attention(i, q, step, pages)
             h = h + attn.o_proj(o.reshape(t, cfg.num_heads * cfg.head_dim))
             h = h + block.mlp(block.post_attention_layernorm(h))
+        if return_all_logits:
+            return self.lm.head(h).float()
         rows = torch.tensor(step.last_rows, dtype=torch.int64, device=dev)
         return self.lm.head(h[rows]).float()

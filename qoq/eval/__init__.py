@@ -9,7 +9,11 @@ import torch
 
 
 def model_device(model) -> torch.device:
-    """Where to put input ids: the device of the model's first parameter, else the CPU."""
+    """Where to put input ids: the model's `device` (a torch.device attribute, as the engine's scoring
+    callable has), else the device of its first parameter, else the CPU."""
+    device = getattr(model, "device", None)
+    if isinstance(device, torch.device):
+        return device
     parameters = getattr(model, "parameters", None)
     if parameters is not None:
         for parameter in parameters():

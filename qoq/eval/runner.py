@@ -1,4 +1,8 @@
-"""`qoq eval`: load an artifact (through the executor) or a float model, then run a task on it.
+"""`qoq eval`: load an artifact or a float model, then run a task on it.
+
+An artifact runs on the executor (`--backend reference`: the integer-exact CPU reference) or, with
+`--backend cuda`, on the serving engine's CUDA runner (`engine_forward.py`: KV4 pages, chunked prefill),
+so what is evaluated is what is served.
 
 Everything that can be checked cheaply is checked before the model is loaded: the backend, the
 artifact's manifest, the data source and `--windows` (which needs the tokenized split only)."""
@@ -17,11 +21,11 @@ class EvalError(ValueError):
     """An evaluation that cannot run or whose result is not a number."""
 
 
-def check_backend(backend: str) -> None:
+def check_backend(backend: str, on_gpu: bool = True) -> None:
     from qoq.executor import LINEAR_BACKENDS
 
     LINEAR_BACKENDS.get(backend)  # unknown names: KeyError listing the known ones
-    if backend == "cuda" and not torch.cuda.is_available():
+    if backend == "cuda" and on_gpu and not torch.cuda.is_available():
         raise EvalError("--backend cuda needs an NVIDIA GPU with CUDA, and torch sees none; "
                         "use --backend reference")
 
@@ -53,12 +57,47 @@ def _tokenizer_dir(model: str) -> Path:
     return resolve_model(model)
 
 
+def load_engine_for_eval(model: str, max_tokens: int, prefill_chunk: int | None = None, **runner_options):
+    """(callable model, tokenizer, description): an artifact on the engine's CUDA runner."""
+    from qoq.eval.engine_forward import load_engine_for_eval as load
+    from qoq.export.artifact import load_manifest
+    from qoq.models.loader import load_tokenizer
+
+    manifest = load_manifest(model)
+    tokenizer = load_tokenizer(Path(model))
+    try:
+        forward, engine = load(model, max_tokens, prefill_chunk, tokenizer=tokenizer, **runner_options)
+    except ValueError as e:
+        raise EvalError(str(e)) from e
+    return forward, tokenizer, {"model": str(model), "artifact": True, "recipe": manifest["recipe"]["name"],
+                                "backend": "cuda", "source": manifest.get("source", {}).get("model"),
+                                "engine": {"prefill_chunk": engine.scheduler.max_num_batched_tokens,
+                                           "kv_pages": engine.blocks.num_pages}}
+
+
+def _load(model: str, backend: str, max_tokens: int, prefill_chunk: int | None, engine_options: dict):
+    """(callable ids [1, T] -> logits [1, T, V], tokenizer, description)."""
+    from qoq.export.artifact import is_artifact
+
+    if backend == "cuda" and is_artifact(Path(model)):
+        return load_engine_for_eval(model, max_tokens, prefill_chunk, **engine_options)
+    lm, tokenizer, about = load_for_eval(model, backend)
+    return _forward(lm), tokenizer, about
+
+
 def evaluate_task(task: str, model: str, *, windows: int | None = None, backend: str = "reference",
                   data_dir: Path | None = None, limit: int | None = None, include_path: Path | None = None,
-                  show_progress: bool = True) -> dict:
-    check_backend(backend)
+                  show_progress: bool = True, seq_len: int = 2048, prefill_chunk: int | None = None,
+                  engine_options: dict | None = None) -> dict:
+    """`seq_len`: wikitext2's window length (the protocol's 2048 by default); `prefill_chunk`: the
+    engine's prefill chunk with `backend="cuda"` (default 2048: one chunk per protocol window);
+    `engine_options`: CudaRunner options (the CPU tests: device="cpu", ops="reference")."""
+    engine_options = dict(engine_options or {})
+    check_backend(backend, on_gpu=engine_options.get("device", "cuda") != "cpu")
     if windows is not None and windows < 1:
         raise EvalError(f"--windows must be >= 1, got {windows}")
+    if seq_len < 2:
+        raise EvalError(f"--seq-len must be >= 2, got {seq_len}")
     if task == "wikitext2":
         from qoq.calibration import load_spec, source
         from qoq.eval.perplexity import TEST_SPEC, wikitext2_perplexity, wikitext2_token_ids, window_plan
@@ -66,23 +105,28 @@ def evaluate_task(task: str, model: str, *, windows: int | None = None, backend:
 
         source(load_spec(TEST_SPEC), data_dir)  # a missing local split fails now, naming the path
         ids = wikitext2_token_ids(load_tokenizer(_tokenizer_dir(model)), data_dir)  # sizes the bar, feeds the eval
-        plan = window_plan(ids.numel(), windows=windows)  # an impossible --windows fails before loading
-        lm, tokenizer, about = load_for_eval(model, backend)
-        forward = _forward(lm)
+        plan = window_plan(ids.numel(), seq_len, windows)  # an impossible --windows fails before loading
+        forward, tokenizer, about = _load(model, backend, seq_len, prefill_chunk, engine_options)
         bar = StepProgress("wikitext2", plan["windows"], ("window", "ppl so far"), enabled=show_progress)
         with bar.running():
             result = wikitext2_perplexity(forward, tokenizer, data_dir=data_dir, windows=windows, ids=ids,
-                                          progress=lambda i, _n, ppl: bar.row(i, ppl))
+                                          seq_len=seq_len, progress=lambda i, _n, ppl: bar.row(i, ppl))
         if not math.isfinite(result["ppl"]):
             raise EvalError(f"perplexity of {model} is {result['ppl']}: the model computes non-finite "
                             "logits (a corrupt or numerically broken model)")
         return {**about, **result}
 
     from qoq.eval.lm_eval_adapter import run_lm_eval
+    from qoq.export.artifact import is_artifact
 
-    lm, tokenizer, about = load_for_eval(model, backend)
+    max_length = 2048  # run_lm_eval's default; the engine's positions bound it
+    if backend == "cuda" and is_artifact(Path(model)):
+        from qoq.eval.engine_forward import model_positions
+
+        max_length = min(max_length, model_positions(model))
+    forward, tokenizer, about = _load(model, backend, max_length, prefill_chunk, engine_options)
     tasks = [t.strip() for t in task.split(",") if t.strip()]
-    result = run_lm_eval(_forward(lm), tokenizer, tasks, limit=limit, include_path=include_path)
+    result = run_lm_eval(forward, tokenizer, tasks, limit=limit, include_path=include_path, max_length=max_length)
     return {**about, "task": task, **result}
 
 

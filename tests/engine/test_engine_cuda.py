@@ -81,3 +81,42 @@ def test_smollm2_w4a8kv4_gpu_vs_cpu(make_engine, tmp_path_factory, shared_data):
     for c, g in zip(cpu, gpu):
         assert_same_until_near_tie(c, g, margin=1e-3)
     assert torch.cuda.is_available()
+
+
+@pytest.mark.parametrize("recipe", ["w4a8kv4g64-rtn", "fp16"])
+def test_eval_backend_cuda_matches_reference(cuda_w4, recipe, shared_data):
+    """`qoq eval wikitext2 --backend cuda` (the engine: kernels, KV4 pages, chunked prefill) against
+    `--backend reference` (the executor), within the CPU data-flow test's tolerance (test_eval_engine.py)."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from qoq.cli import app
+    from test_eval_engine import PPL_TOL
+
+    def ppl(backend):
+        args = ["eval", "wikitext2", str(cuda_w4[recipe]), "--backend", backend, "--seq-len", "256",
+                "--windows", "4", "--data-dir", str(shared_data), "--json"]
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)
+
+    cuda, reference = ppl("cuda"), ppl("reference")
+    assert cuda["backend"] == "cuda" and cuda["engine"]["kv_pages"] == 4  # 256 tokens, one window's pages
+    rel = abs(cuda["ppl"] - reference["ppl"]) / reference["ppl"]
+    print(f"{recipe}: cuda ppl {cuda['ppl']:.6f} reference {reference['ppl']:.6f} rel {rel:.2e}")
+    assert rel < PPL_TOL["w4" if recipe != "fp16" else "fp16"]
+
+
+def test_engine_eval_chunked_prefill_on_gpu(cuda_w4, shared_data):
+    """Chunks of 100 (across page boundaries) vs one chunk, on the kernels."""
+    from qoq.eval.engine_forward import load_engine_for_eval
+    from test_eval_engine import CHUNK_TOL, _rel
+
+    forward, engine = load_engine_for_eval(cuda_w4["w4a8kv4g64-rtn"], 256, prefill_chunk=256)
+    ids = torch.randint(0, engine.runner.vocab_size, (1, 256), generator=torch.Generator().manual_seed(0))
+    whole = forward(ids)
+    forward.chunk_tokens = 100
+    chunked = forward(ids)
+    assert engine.blocks.num_free_pages == engine.blocks.num_pages
+    assert _rel(chunked[0], whole[0]) < CHUNK_TOL["w4"]
