@@ -1,17 +1,10 @@
 """Engine test fixtures: a tiny random W4A8KV4 artifact (and an fp16 one) built once per session, and
 `make_engine`, whose engines are checked after each test: every KV page free again (no leak)."""
 
-import dataclasses
-
 import pytest
-
 from checkpoints import make_tiny_checkpoint
 
-
-def small(name: str):
-    from qoq.recipe import Calibration, load_recipe
-
-    return dataclasses.replace(load_recipe(name), calibration=Calibration(samples=4, seq_len=128, seed=42))
+from tests.engine.engine_support import TINY_PAGE_BYTES, small
 
 
 @pytest.fixture(scope="session")
@@ -39,9 +32,6 @@ def tiny_fp16(tmp_path_factory, tiny_ckpt, shared_data):
 
 
 # one tiny-model page (2 layers x K,V x 2 heads x 64 tokens x (32/2 + 4) bytes) is 10240 bytes
-TINY_PAGE_BYTES = 10240
-
-
 @pytest.fixture
 def make_engine():
     from qoq.engine import LLMEngine

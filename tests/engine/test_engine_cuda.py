@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from qoq.engine import SamplingParams
-from test_engine_reference import PROMPTS
-from test_runner_cuda_on_cpu import _rel, assert_same_until_near_tie
+from tests.engine.engine_support import PROMPTS, assert_same_until_near_tie
+from tests.engine.engine_support import rel as _rel
 
 pytestmark = pytest.mark.cuda
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.cuda
 def cuda_w4(tmp_path_factory, tiny_tokenizer, shared_data):
     """A tiny artifact the kernels take: head_dim 64, K and N multiples of 64."""
     from checkpoints import make_tiny_checkpoint
-    from conftest import small
+    from tests.engine.engine_support import small
     from qoq.passes.pipeline import quantize_model
 
     ckpt = make_tiny_checkpoint(tmp_path_factory.mktemp("cuda_ck"), tiny_tokenizer, hidden=256, heads=4, kv_heads=2,
@@ -92,7 +92,7 @@ def test_eval_backend_cuda_matches_reference(cuda_w4, recipe, shared_data):
     from typer.testing import CliRunner
 
     from qoq.cli import app
-    from test_eval_engine import PPL_TOL
+    from tests.engine.test_eval_engine import PPL_TOL
 
     def ppl(backend):
         args = ["eval", "wikitext2", str(cuda_w4[recipe]), "--backend", backend, "--seq-len", "256",
@@ -111,7 +111,7 @@ def test_eval_backend_cuda_matches_reference(cuda_w4, recipe, shared_data):
 def test_engine_eval_chunked_prefill_on_gpu(cuda_w4, shared_data):
     """Chunks of 100 (across page boundaries) vs one chunk, on the kernels."""
     from qoq.eval.engine_forward import load_engine_for_eval
-    from test_eval_engine import CHUNK_TOL, _rel
+    from tests.engine.test_eval_engine import CHUNK_TOL, _rel
 
     forward, engine = load_engine_for_eval(cuda_w4["w4a8kv4g64-rtn"], 256, prefill_chunk=256)
     ids = torch.randint(0, engine.runner.vocab_size, (1, 256), generator=torch.Generator().manual_seed(0))

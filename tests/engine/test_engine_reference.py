@@ -4,18 +4,9 @@ chunked prefill, aborts, seeds, stop rules."""
 import pytest
 import torch
 
-from conftest import TINY_PAGE_BYTES
+from tests.engine.engine_support import PROMPTS, TINY_PAGE_BYTES
 from qoq.engine import SamplingParams
 from qoq.executor import load_artifact_model
-
-PROMPTS = [
-    list(range(5, 5 + 7)),
-    list(range(40, 40 + 70)),  # more than a page
-    [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5],
-    list(range(200, 200 + 30)),
-    [17],
-]
-
 
 def executor_greedy(artifact, prompt, n):
     """Greedy decoding by full recompute through the executor's model (what `qoq eval` runs)."""

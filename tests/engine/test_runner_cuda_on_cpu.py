@@ -5,23 +5,10 @@ kernels themselves are tested on the GPU (test_engine_cuda.py)."""
 import pytest
 
 from qoq.engine import SamplingParams
-from test_engine_reference import PROMPTS
+from tests.engine.engine_support import PROMPTS, assert_same_until_near_tie
+from tests.engine.engine_support import rel as _rel
 
 CPU_CUDA_RUNNER = dict(backend="cuda", device="cpu", ops="reference", kv_budget=1 << 20, record_logits=True)
-
-
-def assert_same_until_near_tie(a, b, margin):
-    """Greedy tokens equal up to the first position whose top-2 logits (in run a) are within margin."""
-    for i, (x, y, logits) in enumerate(zip(a.token_ids, b.token_ids, a.logits)):
-        top2 = logits.topk(2).values
-        if (top2[0] - top2[1]).item() < margin:
-            return i
-        assert x == y, f"token {i}: {x} != {y} with a top-2 gap of {(top2[0] - top2[1]).item():.4f}"
-    return len(a.token_ids)
-
-
-def _rel(a, b):
-    return ((a - b).norm() / b.norm()).item()
 
 
 def test_fp16_path_matches_the_reference_engine(make_engine, tiny_fp16):
