@@ -53,7 +53,7 @@ def _render_quantize(s: dict) -> None:
 @app.command()
 @one_line_errors
 def quantize(
-    model: str = typer.Option(..., metavar="MODEL", help="HF directory, hub id, or the embedded default 'smollm2-135m'"),
+    model: str = typer.Option(..., metavar="MODEL", help="HF directory, hub id, 'smollm2-135m' (embedded default), or a packaged model: qwen2.5-coder-0.5b, qwen2.5-coder-1.5b"),
     recipe: str = typer.Option("w4a8kv4g128", metavar="RECIPE", help="recipe name (qoq recipes) or path to a .toml"),
     output: Path = typer.Option(..., metavar="DIR", help="artifact directory to create"),
     data_dir: Optional[Path] = typer.Option(None, metavar="DIR", help="local copies of datasets (default: $QOQ_DATA_DIR)"),
@@ -86,7 +86,7 @@ def _render_eval(r: dict) -> None:
 @one_line_errors
 def evaluate(
     task: str = typer.Argument(..., help="'wikitext2', or lm-eval task names separated by commas"),
-    model: str = typer.Argument(..., help="an artifact directory, or a model (HF dir, hub id, smollm2-135m)"),
+    model: str = typer.Argument(..., help="an artifact directory, or a model (HF dir, hub id, smollm2-135m, qwen2.5-coder-0.5b, ...)"),
     windows: Optional[int] = typer.Option(None, metavar="N", help="wikitext2: evaluate the first N windows only"),
     backend: str = typer.Option(
         "reference", metavar="NAME",

@@ -7,8 +7,11 @@ import torch
 
 def make_tiny_checkpoint(path: Path, tokenizer, arch: str = "llama", hidden: int = 128, layers: int = 2,
                          intermediate: int = 256, heads: int = 4, kv_heads: int = 2, tied: bool = False,
-                         seed: int = 0) -> Path:
-    """A random HF checkpoint (safetensors + tokenizer) of a tiny Llama or Qwen2 config."""
+                         seed: int = 0, perturb: bool = False) -> Path:
+    """A random HF checkpoint (safetensors + tokenizer) of a tiny Llama or Qwen2 config.
+
+    perturb: norm weights 1 + N(0, 0.2) and biases N(0, 0.2) instead of HF's ones and zeros, so a pass that
+    drops or mishandles them shows."""
     import transformers
 
     torch.manual_seed(seed)
@@ -19,6 +22,13 @@ def make_tiny_checkpoint(path: Path, tokenizer, arch: str = "llama", hidden: int
         num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=hidden // heads,
         max_position_embeddings=1024, tie_word_embeddings=tied)
     model = getattr(transformers, cls_model)(cfg)
+    if perturb:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    p.copy_(1 + 0.2 * torch.randn_like(p))
+                elif name.endswith(".bias"):
+                    p.copy_(0.2 * torch.randn_like(p))
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path

