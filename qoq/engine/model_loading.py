@@ -7,11 +7,20 @@ from pathlib import Path
 
 import torch
 
+from qoq.engine.kv_float import FloatKVCache
 from qoq.recipe import Format
+from qoq.runtime_cuda.kv_cache import KV4Cache, KV4Format
 
 
 def artifact_format(art) -> Format:
     return Format(**art.manifest["recipe"]["format"])
+
+
+def kv_cache(config, kv4: bool, budget_bytes: int, float_dtype: torch.dtype, device):
+    """The paged K/V pools of every layer: KV4 pages, or unquantized ones in `float_dtype`."""
+    if kv4:
+        return KV4Cache(KV4Format(config.num_layers, config.num_kv_heads, config.head_dim), budget_bytes, device)
+    return FloatKVCache(config.num_layers, config.num_kv_heads, config.head_dim, budget_bytes, float_dtype, device)
 
 
 def rope_tables(inv_freq: torch.Tensor, max_positions: int, device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -23,12 +23,10 @@ import torch.nn.functional as F
 
 from qoq.engine.batch import StepInput
 from qoq.engine.cuda_ops import KernelOps, ReferenceOps, fuse_w4a8
-from qoq.engine.kv_float import FloatKVCache
-from qoq.engine.model_loading import artifact_format, rope_tables
+from qoq.engine.model_loading import artifact_format, kv_cache, rope_tables
 from qoq.executor.build import load_artifact_model
 from qoq.quant.kv import dequantize_kv
 from qoq.runtime_cuda import attention_reference as ref
-from qoq.runtime_cuda.kv_cache import KV4Cache, KV4Format
 from qoq.runtime_cuda.reference import rmsnorm_fp16
 
 ACTIVATION_RESERVE = 2 << 30  # bytes left free beside the KV pages (activations, graphs, logits)
@@ -77,12 +75,8 @@ class CudaRunner:
                 raise ValueError("give kv_budget (bytes) off the GPU")
             free, _ = torch.cuda.mem_get_info(self.device)
             kv_budget = max(0, int(free * kv_fraction) - ACTIVATION_RESERVE)
-        if self.kv4:
-            self.cache = KV4Cache(KV4Format(cfg.num_layers, self.hkv, self.d), kv_budget, device)
-            self.num_pages = self.cache.storage.shape[2]
-        else:
-            self.cache = FloatKVCache(cfg.num_layers, self.hkv, self.d, kv_budget, torch.float16, device)
-            self.num_pages = self.cache.num_pages
+        self.cache = kv_cache(cfg, self.kv4, kv_budget, torch.float16, device)
+        self.num_pages = self.cache.num_pages
         self.scratch_page = self.num_pages - 1  # the BlockManager never hands it out
         self.graphs = None
         if cuda_graphs and self.device.type == "cuda":

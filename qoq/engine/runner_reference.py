@@ -15,12 +15,10 @@ import torch
 import torch.nn.functional as F
 
 from qoq.engine.batch import StepInput
-from qoq.engine.kv_float import FloatKVCache
-from qoq.engine.model_loading import artifact_format, rope_tables
+from qoq.engine.model_loading import artifact_format, kv_cache, rope_tables
 from qoq.executor.build import load_artifact_model
 from qoq.quant.kv import dequantize_kv
 from qoq.runtime_cuda import attention_reference as ref
-from qoq.runtime_cuda.kv_cache import KV4Cache, KV4Format
 
 
 class ReferenceRunner:
@@ -34,12 +32,8 @@ class ReferenceRunner:
             block.self_attn.kv_quant = None  # the runner stores (and for KV4 quantizes) K/V itself
         self.max_model_len = cfg.max_position_embeddings
         self.cos, self.sin = rope_tables(self.lm.model.rotary.inv_freq, self.max_model_len, device)
-        if self.kv4:
-            self.cache = KV4Cache(KV4Format(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim), kv_budget, device)
-            self.num_pages = self.cache.storage.shape[2]
-        else:
-            self.cache = FloatKVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, kv_budget, torch.float32, device)
-            self.num_pages = self.cache.num_pages
+        self.cache = kv_cache(cfg, self.kv4, kv_budget, torch.float32, device)
+        self.num_pages = self.cache.num_pages
 
     @property
     def vocab_size(self) -> int:

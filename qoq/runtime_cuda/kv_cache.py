@@ -102,6 +102,10 @@ class KV4Cache:
         self.storage = torch.empty(fmt.num_layers, 2, num_pages, fmt.page_bytes, dtype=torch.uint8, device=device)
         self.table = PageTable(num_pages)
 
+    @property
+    def num_pages(self) -> int:
+        return self.storage.shape[2]
+
     def k_pages(self, layer: int) -> torch.Tensor:
         return self.storage[layer, 0]
 
