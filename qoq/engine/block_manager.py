@@ -7,12 +7,9 @@ slots write to (and read from).
 
 from __future__ import annotations
 
-from qoq.runtime_cuda.attention_reference import PAGE_TOKENS
-from qoq.runtime_cuda.kv_cache import PageTable
+from qoq.runtime_cuda.kv_cache import PageTable, pages_for
 
-
-def pages_for(num_tokens: int) -> int:
-    return -(-num_tokens // PAGE_TOKENS)
+__all__ = ["BlockManager", "pages_for"]
 
 
 class BlockManager:

@@ -13,6 +13,11 @@ import torch
 from qoq.runtime_cuda.attention_reference import PAGE_TOKENS, page_bytes
 
 
+def pages_for(num_tokens: int) -> int:
+    """Pages that hold num_tokens tokens of one sequence."""
+    return -(-num_tokens // PAGE_TOKENS)
+
+
 @dataclass(frozen=True)
 class KV4Format:
     num_layers: int
@@ -67,7 +72,7 @@ class PageTable:
             raise KeyError(f"unknown sequence {seq_id}")
         start = self._lens[seq_id]
         pages = self._pages[seq_id]
-        needed = -(-(start + num_tokens) // PAGE_TOKENS) - len(pages)
+        needed = pages_for(start + num_tokens) - len(pages)
         if needed > len(self._free):
             raise MemoryError(f"sequence {seq_id} needs {needed} more pages, {len(self._free)} free")
         pages.extend(self._free.pop() for _ in range(needed))
