@@ -211,6 +211,7 @@ template <int MT, int GROUP, int RUN, bool REFILL = false, bool WHOLE = false, b
 __device__ __forceinline__ void gemv_compute_run(const GemmParams& p, GemvRun<GROUP, RUN>& run, int first,
                                                  int k_tiles, uint32_t a_base, uint32_t a_step,
                                                  int (&acc)[MT][4][4], const GemvRefill& refill = {}) {
+  static_assert(!TILED || MT == 1, "tiled activations: one 16-row tile");
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   BiasedScales<4> bs{};
   const bool refilling = REFILL && (!NULLABLE || refill.tiles != nullptr);
@@ -232,7 +233,10 @@ __device__ __forceinline__ void gemv_compute_run(const GemmParams& p, GemvRun<GR
       run.packed[i] = WHOLE || r0 < k_tiles ? load_stream16_ordered(refill.tiles + static_cast<size_t>(r0) * 512)
                                             : make_uint4(0, 0, 0, 0);
     }
-    if (!WHOLE && REFILL && k0 >= k_tiles) continue;
+    // Past K: with tiled activations the tile's A fragments are zeros, so its MMAs add nothing, and its
+    // slot must still be refilled (the run two ahead, a persistent warp's next column block, may have it
+    // below K).
+    if (!TILED && !WHOLE && REFILL && k0 >= k_tiles) continue;
     const int k = k0 * 32 + 4 * t;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
