@@ -4,7 +4,8 @@
         [--timing-cases N] [--timing-seconds T] [--pdl-tests] [--routing-sweep] [--max-seconds T] --out $OUT
 
 Cases: qoq/runtime_cuda/fuzz_shapes.py (seeded samplers and their caps), plus the pinned shapes where held-out
-measurements found the kernels slower than FP16 (fuzz_shapes.PINNED_*).
+measurements found the kernels slower than FP16 (fuzz_shapes.PINNED_*), and for correctness only the GEMM shapes
+an earlier run found wrong (fuzz_shapes.REGRESSION_GEMM_*; rows marked pinned like the others).
 1. Correctness, every case (qoq/runtime_cuda/fuzz_check.py): CudaW4A8Linear (quantization kernel + auto GEMM,
    a programmatic dependent as always) against IntegerLinear from the same export_linear tensors (rel. error
    < 2e-3); decode_attention against attention_reference.decode_attention on the same KV4 pages (rel. error
@@ -400,7 +401,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--timing-seconds", type=float, default=150.0, help="budget of the timing phase")
     ap.add_argument("--busy-every", type=int, default=4, help="every Nth case behind busy work (0: none)")
     ap.add_argument("--max-weight-elems", type=int, default=fs.MAX_NK, help="N*K cap of the GEMM sampler")
-    ap.add_argument("--no-pinned", action="store_true", help="leave out fuzz_shapes' pinned shapes")
+    ap.add_argument("--no-pinned", action="store_true", help="leave out fuzz_shapes' pinned and regression shapes")
     ap.add_argument("--pdl-tests", action="store_true", help="run tests/runtime_cuda/test_pdl_sequences.py too")
     ap.add_argument("--routing-sweep", action="store_true", help="time every GEMM variant at 1-2B hidden sizes")
     ap.add_argument("--routing-seconds", type=float, default=60.0)
@@ -452,10 +453,11 @@ def main(argv: list[str] | None = None) -> None:
     pinned_gemm = [] if args.no_pinned else fs.pinned_gemm_cases()
     pinned_attn = [] if args.no_pinned else fs.pinned_attention_cases()
     gemm_all, attn_all = gemm_list + pinned_gemm, attn_list + pinned_attn
+    gemm_checked = gemm_all + ([] if args.no_pinned else fs.regression_gemm_cases())  # these last: not timed
 
-    def progress(kind: str, rows: list, total: int):
+    def progress(kind: str, rows: list, total: int, fuzz: int):
         def on_row(row: dict) -> None:
-            row["pinned"] = row["i"] >= total - (len(pinned_gemm) if kind == "gemm" else len(pinned_attn))
+            row["pinned"] = row["i"] >= fuzz
             rows.append(row)
             if not row["ok"]:
                 print(f"FAIL {kind} {row}", flush=True)
@@ -466,16 +468,16 @@ def main(argv: list[str] | None = None) -> None:
         return on_row
 
     checks_end = deadline - (PDL_TESTS_RESERVE_S if args.pdl_tests else 0.0)
-    check_gemm_cases(gemm_all, args.seed, DEV, busy_every=args.busy_every, deadline=checks_end,
-                     on_row=progress("gemm", result["gemm_checks"], len(gemm_all)))
+    check_gemm_cases(gemm_checked, args.seed, DEV, busy_every=args.busy_every, deadline=checks_end,
+                     on_row=progress("gemm", result["gemm_checks"], len(gemm_checked), len(gemm_list)))
     check_attention_cases(attn_all, args.seed, DEV, busy_every=args.busy_every, deadline=checks_end,
-                          on_row=progress("attention", result["attention_checks"], len(attn_all)))
+                          on_row=progress("attention", result["attention_checks"], len(attn_all), len(attn_list)))
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     dump(result, path)
 
     # 2. speed
-    checked_all = (len(result["gemm_checks"]) == len(gemm_all) and len(result["attention_checks"]) == len(attn_all))
+    checked_all = (len(result["gemm_checks"]) == len(gemm_checked) and len(result["attention_checks"]) == len(attn_all))
     reserve = (PDL_TESTS_RESERVE_S if args.pdl_tests else 0.0) + (args.routing_seconds if args.routing_sweep else 0.0)
     timing_end = min(time.time() + args.timing_seconds, deadline - reserve)
     gemm_classes = [gemm_class(c, sms, hopper) for c in gemm_all]

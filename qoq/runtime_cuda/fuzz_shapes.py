@@ -31,7 +31,7 @@ num_stages, max_seq_len)]:
 
 PINNED_GEMM / PINNED_ATTENTION: the shapes where held-out measurements found the kernels slower than FP16
 (hidden sizes of 1-2B models at M >= 97; decode at B = 7 with a group of 7; one KV head per GPU), checked and
-timed next to the random ones.
+timed next to the random ones. REGRESSION_GEMM: shapes an earlier fuzz run found wrong, checked only.
 """
 
 from __future__ import annotations
@@ -168,6 +168,22 @@ def pinned_gemm_cases() -> list[GemmCase]:
             cases += [GemmCase(m, n, k, group, weight, False) for m in PINNED_GEMM_M]
             weight -= 1
     return cases
+
+
+# Shapes a fuzz run (seed 20261202, an H200's 132 SMs) found wrong, checked but not timed: gemv16p where K is
+# not a multiple of 128 (a warp's last run of 4 k-tiles is partial), K >= 4096 (that warp has >= 3 runs per
+# column block) and N / 32 > SMs (a block goes on to another column block). (N, K, group)
+REGRESSION_GEMM_NKG = ((11968, 4544, 64), (21504, 5472, -1), (8704, 5824, 64), (7424, 6592, 64), (6656, 6720, 64),
+                       (8512, 6976, 64), (6848, 8384, 64), (14400, 8544, -1), (11392, 9536, 64),
+                       (5664, 10560, 64), (6912, 14624, -1), (5984, 15040, 64), (6016, 16320, -1))
+REGRESSION_GEMM_M = (1, 5, 15)
+
+
+def regression_gemm_cases() -> list[GemmCase]:
+    """REGRESSION_GEMM_NKG at each REGRESSION_GEMM_M, every other weight with a bias; weight ids below
+    pinned_gemm_cases' (negative: never a fuzz weight)."""
+    return [GemmCase(m, n, k, group, -100 - i, i % 2 == 0)
+            for i, (n, k, group) in enumerate(REGRESSION_GEMM_NKG) for m in REGRESSION_GEMM_M]
 
 
 def pinned_attention_cases() -> list[AttentionCase]:

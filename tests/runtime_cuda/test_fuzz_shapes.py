@@ -97,6 +97,22 @@ def test_pinned_cases():
     assert any(c.batch == 96 and c.hkv == 1 and c.group == 8 and c.lens == (700,) * 96 for c in attn)
 
 
+def test_regression_cases():
+    """The gemv16p shapes found wrong: M <= 16, K not a multiple of 128 and >= 4096, more column blocks than an
+    H200 has SMs; weights of their own, inside the sampler's caps."""
+    cases = fs.regression_gemm_cases()
+    assert len(cases) == len(fs.REGRESSION_GEMM_NKG) * len(fs.REGRESSION_GEMM_M)
+    pinned_weights = {c.weight for c in fs.pinned_gemm_cases()}
+    for c in cases:
+        assert c.m <= 16 and c.k % 128 and c.k >= 4096 and c.n // 32 > 132 and c.group in (64, -1), c
+        assert c.k % 32 == 0 and c.n % 32 == 0 and (c.group == -1 or c.k % c.group == 0), c
+        assert c.n * c.k <= fs.MAX_NK and c.weight < 0 and c.weight not in pinned_weights, c
+    by_weight = {}
+    for c in cases:  # one weight id per (N, K, group, bias), as check_gemm_cases groups them
+        assert by_weight.setdefault(c.weight, (c.n, c.k, c.group, c.bias)) == (c.n, c.k, c.group, c.bias)
+    assert len(by_weight) == len(fs.REGRESSION_GEMM_NKG)
+
+
 def test_samplers_take_caps_for_small_runs():
     for c in fs.gemm_cases(1, 200, max_nk=1 << 17, max_mk=1 << 13, max_mn=1 << 13):
         assert c.n * c.k <= 1 << 17 and c.m * c.k <= 1 << 13 and c.m * c.n <= 1 << 13 and c.m >= 1
