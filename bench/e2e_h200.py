@@ -1,13 +1,15 @@
-"""End-to-end engine benchmark: W4A8KV4 (g128) vs FP16 on random-weight artifacts of real shapes.
+"""End-to-end engine benchmark: W4A8KV4 (g128) vs FP16 and FP8 on random-weight artifacts of real shapes.
 
-    PYTHONPATH=. python bench/e2e_h200.py --out $OUT --shapes llama-2-7b [--formats w4a8kv4,fp16]
+    PYTHONPATH=. python bench/e2e_h200.py --out $OUT --shapes llama-2-7b [--formats w4a8kv4,fp16,fp8]
     python bench/e2e_h200.py --tiny --out DIR [--tiny-cuda-runner]   # CPU smoke run of the same code
     python bench/e2e_h200.py --merge A.json B.json --out DIR          # one JSON and plot from several runs
 
 Per shape and format: build (or reuse, keyed by shape, recipe, seed and device) a random artifact under
 --scratch (qoq.export.random_artifact; no tokenizer: prompts are random ids, no detokenization is
-timed), load LLMEngine once with its default KV budget (a fraction of free memory), capture the decode
-graphs up front, and measure, each measurement bounded by --max-seconds (results are written after each):
+timed; fp8 reuses the fp16 artifact, quantized at load by `LLMEngine(..., quantization="fp8")`, and
+counts its e4m3 weight bytes, not the artifact's), load LLMEngine once with its default KV budget (a
+fraction of free memory), capture the decode graphs up front, and measure, each measurement bounded by
+--max-seconds (results are written after each):
 - ttft: a 1024-token prompt alone, add_request to its first token (median; one warm-up first);
 - sweep: batches 1..256 ascending, each adding and prefilling its new prompts, then timing decode steps
   (engine.step() wall time, every sequence one token); host overhead = 1 - GPU time of the step's CUDA
@@ -16,7 +18,7 @@ graphs up front, and measure, each measurement bounded by --max-seconds (results
   the B=1 row's roofline = (weights streamed + KV read) / the copy_ bandwidth measured in this run;
 - max throughput: 1024-in / 512-out requests, ignore_eos, as many as the budget holds at once (at most
   --max-concurrency), submitted together; output tokens / wall time, prefill included. "full": the
-  engine's pool; "48gb": 48e9 B less the artifact's weight bytes of KV, run on the same engine with the
+  engine's pool; "48gb": 48e9 B less the format's weight bytes of KV, run on the same engine with the
   requests that budget holds (all admitted at once, none preempted: the same schedule as a smaller pool).
   An out-of-memory error there is retried once at half the requests (the row says so).
 The engine runs with --max-batched-tokens 8192 (a throughput setting; the engine's default is 2048).
@@ -40,15 +42,22 @@ from bench.e2e_measure import copy_bandwidth, measure_max_throughput, measure_sw
 from bench.e2e_summary import plot, summarize  # noqa: E402
 from qoq.engine import LLMEngine  # noqa: E402
 from qoq.engine.block_manager import pages_for  # noqa: E402
+from qoq.engine.fp8_linear import fp8_weight_bytes  # noqa: E402
 from qoq.export.artifact import load_manifest  # noqa: E402
 from qoq.export.random_artifact import SHAPES, artifact_weight_bytes, write_random_artifact  # noqa: E402
+from qoq.models.llama import BLOCK_LINEARS  # noqa: E402
 from qoq.runtime_cuda.attention_reference import PAGE_TOKENS  # noqa: E402
 
-RECIPES = {"w4a8kv4": "w4a8kv4g128", "fp16": "fp16"}
+RECIPES = {"w4a8kv4": "w4a8kv4g128", "fp16": "fp16", "fp8": "fp16"}
+FORMAT_OPTIONS = {"fp8": {"quantization": "fp8"}}  # runner options of a format beside the plan's
 NOTES = [
     "FP16 is this engine's fp16 path (cuBLAS linears; decode attention gathers every sequence's pages of the "
     "graph's page bucket and runs masked SDPA, which for GQA falls back to SDPA's math kernel): not a "
     "vLLM-class FP16 baseline at long contexts (docs/engine.md), so the speedups are against that path.",
+    "FP8 is vLLM's --quantization fp8 recipe in this engine: the fp16 artifact's block linears quantized at "
+    "load to e4m3 per output channel, activations per token at each call (torch ops: an absmax, a division, "
+    "a cast, where vLLM fuses one kernel), torch._scaled_mm with row-wise scales; lm_head, KV (fp16 pages) "
+    "and attention as the fp16 path, so speedup_vs_fp8_* carries the fp16 path's attention too.",
     "Decode graphs: batch buckets 1, 2, 4, 8, 16, ..., 256 (multiples of 8, as vLLM captures), all captured "
     "before any timing; larger batches run eagerly. Page buckets are the engine's powers of two.",
 ]
@@ -76,6 +85,20 @@ GPU = Plan("cuda", "cuda", 1024, 512, (1, 8, 32, 64, 128, 256), 4, 32, 3, 1024, 
 TINY = Plan("reference", "cpu", 32, 20, (1, 2, 4), 1, 3, 2, 4, None, 2, 16 << 20)
 # the CUDA runner's data flow with torch reference ops on the CPU (no graphs): --tiny --tiny-cuda-runner
 TINY_CUDA_RUNNER = replace(TINY, backend="cuda", options={"device": "cpu", "ops": "reference", "kv_budget": 64 << 20})
+
+
+def weight_bytes(path: Path, fmt: str) -> int:
+    """What the format keeps on the GPU: the artifact's tensors, or for fp8 the block linears' e4m3 codes
+    and fp32 channel scales in place of their fp16 weights (embedding, norms, biases, lm_head stay fp16)."""
+    total = artifact_weight_bytes(path)
+    if fmt != "fp8":
+        return total
+    linears = tuple(f".{name}.weight" for name in BLOCK_LINEARS)
+    for name, entry in load_manifest(path)["tensors"].items():
+        if name.endswith(linears):
+            n, k = entry["shape"]
+            total += fp8_weight_bytes(n, k) - 2 * n * k
+    return total
 
 
 def ensure_artifact(scratch: Path, shape: str, fmt: str, seed: int, device: str) -> tuple[Path, dict]:
@@ -120,14 +143,18 @@ def run_format(result: dict, args, plan: Plan, shape: str, fmt: str, end: float,
     vocab = SHAPES[shape]["vocab_size"]
     print(f"{shape} {fmt}: artifact", flush=True)
     path, info = ensure_artifact(args.scratch, shape, fmt, args.seed, plan.device)
-    weights = artifact_weight_bytes(path)
+    weights = weight_bytes(path, fmt)
     run = {**base, "artifact": str(path), **info, "weight_bytes": weights}
     free_engine()  # the engine's default KV budget is a fraction of free memory: release the build's cache
     if plan.device == "cuda":  # what that budget starts from (a leak would show here)
         run["gpu_free_bytes_before_load"] = torch.cuda.mem_get_info()[0]
     t = time.perf_counter()
-    engine = LLMEngine(path, backend=plan.backend, max_num_seqs=args.max_concurrency,
-                       max_num_batched_tokens=args.max_batched_tokens, **plan.options)
+    backend, options = plan.backend, {**plan.options, **FORMAT_OPTIONS.get(fmt, {})}
+    if options.get("quantization") and backend == "reference":  # the CUDA runner's path only: its torch ops
+        backend, options = TINY_CUDA_RUNNER.backend, {**TINY_CUDA_RUNNER.options, **options}
+        run["backend"] = "cuda runner, torch ops (the reference backend has no quantization option)"
+    engine = LLMEngine(path, backend=backend, max_num_seqs=args.max_concurrency,
+                       max_num_batched_tokens=args.max_batched_tokens, **options)
     runner = engine.runner
     page_bytes = runner.cache.storage.numel() * runner.cache.storage.element_size() // runner.num_pages
     per_request = pages_for(plan.prompt + plan.output)
@@ -180,7 +207,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--shapes", default="llama-2-7b,llama-3-8b")
-    ap.add_argument("--formats", default="w4a8kv4,fp16")
+    ap.add_argument("--formats", default="w4a8kv4,fp16,fp8")
     ap.add_argument("--tiny", action="store_true", help="CPU, reference backend, tiny shape and lengths")
     ap.add_argument("--tiny-cuda-runner", action="store_true", help="--tiny through the CUDA runner (torch ops)")
     ap.add_argument("--scratch", type=Path, default=Path("/tmp/qoq_e2e"), help="where artifacts are built")
@@ -214,7 +241,8 @@ def main() -> None:
     formats = args.formats.split(",")
     for name in shapes + formats:
         if name not in SHAPES and name not in RECIPES:
-            ap.error(f"unknown shape or format {name!r} (shapes: {', '.join(SHAPES)}; formats: w4a8kv4, fp16)")
+            ap.error(f"unknown shape or format {name!r} "
+                     f"(shapes: {', '.join(SHAPES)}; formats: {', '.join(RECIPES)})")
     if plan.device == "cuda" and not torch.cuda.is_available():
         sys.exit("the GPU plan needs CUDA (use --tiny for the CPU smoke run)")
     if plan.device == "cpu":  # a smoke run, not a timing: one thread avoids spin-waits on shared cores

@@ -31,6 +31,9 @@ DEFAULT_CPU_KV_BUDGET = 256 << 20
 
 def make_runner(backend: str, artifact_dir, kv_budget: int | None, kv_fraction: float, **options):
     if backend == "reference":
+        quantization = options.pop("quantization", None)
+        if quantization is not None:
+            raise ValueError(f"quantization={quantization!r} runs on the cuda backend only")
         from qoq.engine.runner_reference import ReferenceRunner
 
         return ReferenceRunner(artifact_dir, kv_budget or DEFAULT_CPU_KV_BUDGET, **options)

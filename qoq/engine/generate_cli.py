@@ -10,6 +10,9 @@ from typing import Optional
 
 import typer
 
+QUANTIZATION_HELP = ("fp8: quantize an fp16 artifact's linears to W8A8 e4m3 at load (cuda backend; "
+                     "vLLM's --quantization fp8)")
+
 
 def generate(
     artifact: Path = typer.Argument(..., help="artifact directory"),
@@ -23,13 +26,14 @@ def generate(
     chat: bool = typer.Option(False, help="wrap the prompt in the tokenizer's chat template"),
     backend: str = typer.Option("reference", help="reference (CPU) or cuda"),
     kv_budget: Optional[int] = typer.Option(None, help="KV cache bytes (default: CPU 256 MiB, GPU 90% of free)"),
+    quantization: Optional[str] = typer.Option(None, help=QUANTIZATION_HELP),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of streaming"),
 ):
     """Generate text from an artifact with the inference engine."""
     from qoq.engine import LLMEngine, SamplingParams
 
     t0 = time.perf_counter()
-    engine = LLMEngine(artifact, backend=backend, kv_budget=kv_budget)
+    engine = LLMEngine(artifact, backend=backend, kv_budget=kv_budget, quantization=quantization)
     loaded = time.perf_counter()
     ids = prompt_ids(engine, prompt, chat)
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,

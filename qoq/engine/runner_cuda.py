@@ -5,7 +5,9 @@
 
 (fp16 residual, fp16 lm_head; Qwen2's qkv biases ride in the fused GEMM's bias; GQA in the kernels;
 RoPE scaling in the cos/sin tables), or, for the fp16 artifact, the same loop with cuBLAS linears
-(F.linear), fp16 pages written by index_copy_ and SDPA over gathered pages. Decode steps replay CUDA
+(F.linear), fp16 pages written by index_copy_ and SDPA over gathered pages; with `quantization="fp8"`
+the fp16 artifact's block linears are quantized at load to W8A8 e4m3 (fp8_linear.py: torch._scaled_mm,
+per-token activation scales; lm_head stays fp16), all else as the fp16 path. Decode steps replay CUDA
 graphs (cuda_graphs.py); prefill runs eagerly. Prefill attends over the chunk's sequence read back from
 the pages (dequantized KV4), which is what `qoq eval` computes (the executor fake-quantizes K and V
 before attention), and keeps chunked prefill and recomputation exact.
@@ -23,6 +25,7 @@ import torch.nn.functional as F
 
 from qoq.engine.batch import StepInput
 from qoq.engine.cuda_ops import KernelOps, ReferenceOps, fuse_w4a8
+from qoq.engine.fp8_linear import Fp8Linear
 from qoq.engine.model_loading import artifact_format, kv_cache, rope_tables
 from qoq.executor.build import load_artifact_model
 from qoq.quant.kv import dequantize_kv
@@ -30,12 +33,24 @@ from qoq.runtime_cuda import attention_reference as ref
 from qoq.runtime_cuda.reference import rmsnorm_fp16
 
 ACTIVATION_RESERVE = 2 << 30  # bytes left free beside the KV pages (activations, graphs, logits)
+QUANTIZATIONS = ("fp8",)  # `quantization=`: weights quantized at load from an fp16 artifact
+
+
+class _Fp16Linear:
+    """The fp16 path's linear: cuBLAS through F.linear."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        self.weight, self.bias = weight, bias
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
 
 
 class _Layer:
-    """One decoder block's fused weights."""
+    """One decoder block's fused weights: W4A8 (`quantized`), else fp16 linears or, with `fp8`, e4m3
+    ones quantized here from the fp16 weights (Fp8Linear; `kernel`: torch._scaled_mm, else its reference)."""
 
-    def __init__(self, block, quantized: bool):
+    def __init__(self, block, quantized: bool, fp8: bool = False, kernel: bool = True):
         attn, mlp = block.self_attn, block.mlp
         self.ln1, self.ln2 = block.input_layernorm.weight.half(), block.post_attention_layernorm.weight.half()
         self.eps = block.input_layernorm.eps
@@ -45,10 +60,12 @@ class _Layer:
             self.o, self.down = attn.o_proj, mlp.down_proj
         else:
             cat = lambda ms, name: None if getattr(ms[0], name) is None else torch.cat([getattr(m, name) for m in ms])  # noqa: E731
-            qkv = [attn.q_proj, attn.k_proj, attn.v_proj]
-            self.qkv_w, self.qkv_b = cat(qkv, "weight"), cat(qkv, "bias")
-            self.gate_up_w = cat([mlp.gate_proj, mlp.up_proj], "weight")
-            self.o_w, self.o_b, self.down_w = attn.o_proj.weight, attn.o_proj.bias, mlp.down_proj.weight
+            linear = (lambda w, b: Fp8Linear.from_fp16(w, b, kernel)) if fp8 else _Fp16Linear  # noqa: E731
+            qkv, gate_up = [attn.q_proj, attn.k_proj, attn.v_proj], [mlp.gate_proj, mlp.up_proj]
+            self.qkv = linear(cat(qkv, "weight"), cat(qkv, "bias"))
+            self.gate_up = linear(cat(gate_up, "weight"), cat(gate_up, "bias"))
+            self.o = linear(attn.o_proj.weight, attn.o_proj.bias)
+            self.down = linear(mlp.down_proj.weight, mlp.down_proj.bias)
         self.intermediate = mlp.gate_proj.out_features
 
 
@@ -56,15 +73,22 @@ class CudaRunner:
     def __init__(self, artifact_dir: str | Path, kv_budget: int | None = None, kv_fraction: float = 0.9,
                  device: str = "cuda", ops: str = "kernels", cuda_graphs: bool = True,
                  graph_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256),
-                 max_model_len: int | None = None):
+                 max_model_len: int | None = None, quantization: str | None = None):
+        if quantization is not None and quantization not in QUANTIZATIONS:
+            raise ValueError(f"unknown quantization {quantization!r} (fp8, or none: the artifact's own weights)")
         self.device = torch.device(device)
         lm, art = load_artifact_model(artifact_dir, backend="cuda", device=device, dtype=torch.float16)
         cfg = self.config = lm.config
         self.quantized = any(n.endswith(".qweight") for n in art.tensors)
+        if quantization is not None and self.quantized:
+            raise ValueError(f"quantization={quantization!r} quantizes an fp16 artifact at load; "
+                             f"{artifact_dir} already holds W4A8 weights")
+        self.quantization = quantization
         self.kv4 = artifact_format(art).kv_bits == 4
         self.ops = KernelOps() if ops == "kernels" else ReferenceOps()
         self.hq, self.hkv, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.layers = [_Layer(b, self.quantized) for b in lm.layers]
+        kernel = ops == "kernels" and self.device.type == "cuda"
+        self.layers = [_Layer(b, self.quantized, quantization == "fp8", kernel) for b in lm.layers]
         self.embed_w, self.norm_w, self.head_w = lm.model.embed_tokens.weight, lm.model.norm.weight, lm.lm_head.weight
         self.eps = lm.model.norm.eps
         self.max_model_len = min(max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
@@ -73,6 +97,9 @@ class CudaRunner:
         if kv_budget is None:
             if self.device.type != "cuda":
                 raise ValueError("give kv_budget (bytes) off the GPU")
+            # the weights freed above (unfused, or fp16 ones quantized to fp8) sit in torch's cache, which
+            # mem_get_info counts as used
+            torch.cuda.empty_cache()
             free, _ = torch.cuda.mem_get_info(self.device)
             kv_budget = max(0, int(free * kv_fraction) - ACTIVATION_RESERVE)
         self.cache = kv_cache(cfg, self.kv4, kv_budget, torch.float16, device)
@@ -146,10 +173,10 @@ class CudaRunner:
         t = h.shape[0]
         attn = attn.reshape(t, self.hq * self.d)
         if not self.quantized:
-            h = h + F.linear(attn, L.o_w, L.o_b)
-            gu = F.linear(rmsnorm_fp16(h, L.ln2, L.eps), L.gate_up_w)
+            h = h + L.o(attn)
+            gu = L.gate_up(rmsnorm_fp16(h, L.ln2, L.eps))
             act = F.silu(gu[:, : L.intermediate]) * gu[:, L.intermediate :]
-            return h + F.linear(act, L.down_w)
+            return h + L.down(act)
         ops = self.ops
         tiles = ops.tiles_for(t, L.o.group_size)
         h = h + ops.gemm(L.o, *ops.quant_tokens(attn, L.o.sums, tiles))
@@ -159,7 +186,7 @@ class CudaRunner:
 
     def _qkv(self, L: _Layer, h: torch.Tensor) -> torch.Tensor:
         if not self.quantized:
-            return F.linear(rmsnorm_fp16(h, L.ln1, L.eps), L.qkv_w, L.qkv_b)
+            return L.qkv(rmsnorm_fp16(h, L.ln1, L.eps))
         tiles = self.ops.tiles_for(h.shape[0], L.qkv.group_size)
         return self.ops.gemm(L.qkv, *self.ops.rmsnorm_quant(h, L.ln1, L.eps, L.qkv.sums, tiles))
 

@@ -7,6 +7,8 @@ from typing import Optional
 
 import typer
 
+from qoq.engine.generate_cli import QUANTIZATION_HELP
+
 
 def serve(
     artifact: Path = typer.Argument(..., help="artifact directory"),
@@ -17,6 +19,7 @@ def serve(
     max_num_batched_tokens: int = typer.Option(2048, help="tokens per engine step at most (prefill chunk)"),
     kv_budget: Optional[int] = typer.Option(None, help="KV cache bytes (default: CPU 256 MiB, GPU 90% of free)"),
     max_model_len: Optional[int] = typer.Option(None, help="context length cap (default: the model's)"),
+    quantization: Optional[str] = typer.Option(None, help=QUANTIZATION_HELP),
     api_key: Optional[str] = typer.Option(None, envvar="QOQ_API_KEY",
                                           help="require 'Authorization: Bearer KEY' (all but /health)"),
     served_model_name: Optional[str] = typer.Option(None, help="the model id clients name (default: ARTIFACT)"),
@@ -37,5 +40,6 @@ def serve(
 
         backend = "cuda" if torch.cuda.is_available() else "reference"
     engine = LLMEngine(artifact, backend=backend, kv_budget=kv_budget, max_num_seqs=max_num_seqs,
-                       max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len)
+                       max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
+                       quantization=quantization)
     run_server(engine, served_model_name or str(artifact), host, port, api_key, drain_timeout, log_level)

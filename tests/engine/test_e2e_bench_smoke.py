@@ -13,9 +13,12 @@ REPO = Path(__file__).resolve().parents[2]
 SUMMARY_KEYS = ("gpu", "model_shape", "max_throughput_tok_s_w4a8kv4", "max_throughput_tok_s_fp16",
                 "speedup_max_throughput_48gb", "speedup_max_throughput_full", "speedup_b1_decode",
                 "fp16_b1_roofline_fraction", "host_overhead_fraction", "speedup_vs_fp8_max_throughput_48gb",
+                "max_throughput_tok_s_fp8", "speedup_vs_fp8_max_throughput_full", "speedup_vs_fp8_b1_decode",
                 "command")
 NUMBERS = ("max_throughput_tok_s_w4a8kv4", "max_throughput_tok_s_fp16", "speedup_max_throughput_48gb",
-           "speedup_max_throughput_full", "speedup_b1_decode", "fp16_b1_roofline_fraction")
+           "speedup_max_throughput_full", "speedup_b1_decode", "fp16_b1_roofline_fraction",
+           "max_throughput_tok_s_fp8", "speedup_vs_fp8_max_throughput_48gb", "speedup_vs_fp8_max_throughput_full",
+           "speedup_vs_fp8_b1_decode")
 
 
 def run_bench(out: Path, scratch: Path, *flags: str) -> dict:
@@ -54,9 +57,8 @@ def test_tiny_run_has_every_summary_key_and_row(tiny_result):
     for key in NUMBERS:
         assert s[key] is not None, (key, s["null_reasons"].get(key))
     assert "no CUDA graphs" in data["rows"][1]["host_overhead_reason"]  # the reference backend
-    assert "FP8" in s["null_reasons"]["speedup_vs_fp8_max_throughput_48gb"]
     assert not [r for r in data["rows"] if "error" in r or "skipped" in r]
-    for fmt in ("w4a8kv4", "fp16"):
+    for fmt in ("w4a8kv4", "fp16", "fp8"):
         rows = [r for r in data["rows"] if r["format"] == fmt]
         assert [r["batch"] for r in rows if r["kind"] == "sweep"] == [1, 2, 4]
         budgets = {r["budget"]: r for r in rows if r["kind"] == "max_throughput"}
@@ -64,7 +66,25 @@ def test_tiny_run_has_every_summary_key_and_row(tiny_result):
         assert all(r["output_tokens"] == r["requests"] * 20 and not r["preemptions"] for r in budgets.values())
         assert [r for r in rows if r["kind"] == "ttft"][0]["ms"] > 0
     runs = {r["format"]: r for r in data["runs"]}
-    assert runs["w4a8kv4"]["weight_bytes"] < runs["fp16"]["weight_bytes"]
+    assert runs["w4a8kv4"]["weight_bytes"] < runs["fp8"]["weight_bytes"] < runs["fp16"]["weight_bytes"]
+    assert runs["fp8"]["artifact"] == runs["fp16"]["artifact"] and runs["fp8"]["reused"]  # quantized at load
+    assert runs["fp8"]["backend"].startswith("cuda runner")  # the reference backend has no fp8 path
+
+
+def test_fp8_weight_bytes_are_what_the_runner_keeps(tiny_result):
+    """The 48 GB budget's fp8 weight bytes (from the manifest) against the loaded runner's tensors."""
+    from bench.e2e_h200 import weight_bytes
+    from qoq.engine import LLMEngine
+
+    run = {r["format"]: r for r in tiny_result[1]["runs"]}["fp8"]
+    runner = LLMEngine(run["artifact"], backend="cuda", device="cpu", ops="reference", kv_budget=1 << 20,
+                       quantization="fp8").runner
+    kept = sum(t.numel() * t.element_size() for t in (runner.embed_w, runner.norm_w, runner.head_w))
+    for L in runner.layers:
+        kept += sum(t.numel() * t.element_size() for t in (L.ln1, L.ln2))
+        for lin in (L.qkv, L.o, L.gate_up, L.down):
+            kept += lin.wq.numel() + lin.w_scale.numel() * 4 + (0 if lin.bias is None else 2 * lin.bias.numel())
+    assert weight_bytes(Path(run["artifact"]), "fp8") == run["weight_bytes"] == kept
 
 
 def test_cuda_runner_on_cpu_one_format_then_merge(tiny_result, scratch, tmp_path):

@@ -23,3 +23,12 @@ def test_generate_json_and_stream_match_the_engine(tiny_w4):
 def test_generate_refuses_chat_without_template(tiny_w4):
     res = CliRunner().invoke(app, ["generate", str(tiny_w4), "--prompt", "hi", "--chat"])
     assert res.exit_code == 1 and "chat template" in res.stderr
+
+
+def test_generate_quantization_option_reaches_the_engine(tiny_fp16):
+    runner = CliRunner()
+    res = runner.invoke(app, ["generate", str(tiny_fp16), "--prompt", "hi", "--quantization", "fp8"])
+    assert res.exit_code == 1 and "quantization='fp8' runs on the cuda backend only" in res.stderr
+    res = runner.invoke(app, ["generate", str(tiny_fp16), "--prompt", "hi", "--backend", "cuda",
+                              "--quantization", "int8"])
+    assert res.exit_code == 1 and "unknown quantization 'int8'" in res.stderr

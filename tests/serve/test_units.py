@@ -24,6 +24,15 @@ def test_serve_without_the_extra_says_what_to_install(monkeypatch, tmp_path):
     assert res.exit_code == 1 and "qoq[serve]" in res.stderr
 
 
+def test_serve_passes_quantization_to_the_engine(tmp_path):
+    from qoq.cli import app
+
+    res = CliRunner().invoke(app, ["serve", str(tmp_path), "--backend", "reference", "--quantization", "fp8"])
+    assert res.exit_code == 1 and "quantization='fp8' runs on the cuda backend only" in res.stderr
+    res = CliRunner().invoke(app, ["serve", str(tmp_path), "--backend", "cuda", "--quantization", "fp4"])
+    assert res.exit_code == 1 and "unknown quantization 'fp4'" in res.stderr
+
+
 def test_prometheus_text():
     from qoq.serve.metrics import Metrics
 
