@@ -214,7 +214,9 @@ async def stream_response(state: ServerState, handle: RequestHandle, shape: _Sha
                 yield _sse(ApiError(out.status, str(out)).body())
                 break
             n += len(out.new_token_ids)
-            if out.text_delta or out.finished:
+            # a chunk per token, even one whose text is held back (an incomplete UTF-8 sequence, a special
+            # token, no tokenizer), as vLLM does: clients time tokens by chunks
+            if out.new_token_ids or out.text_delta or out.finished:
                 yield _sse(shape.chunk(out.text_delta, out.finish_reason if out.finished else None))
             if out.finished:
                 handle.done = True
