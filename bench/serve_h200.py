@@ -265,9 +265,24 @@ def parse_args():
     return args, replace(plan, rates=args.rates)
 
 
+def raise_open_file_limit() -> None:
+    """A socket per request in flight, here and in the server (which inherits the limit): an overloaded
+    run holds rate x (duration + drain) of them at once, past a common soft limit of 1024."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 1 << 16 if hard == resource.RLIM_INFINITY else hard
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        except (ValueError, OSError) as e:  # a sandbox may refuse: runs past the limit then fail visibly
+            print(f"open-file limit stays {soft}: {e}", flush=True)
+
+
 def main() -> None:
     start = time.perf_counter()
     args, plan = parse_args()
+    raise_open_file_limit()
     end = start + args.total_seconds
     args.out.mkdir(parents=True, exist_ok=True)
     out_json = args.out / "serve_h200.json"
