@@ -53,6 +53,22 @@ def is_artifact(path: str | Path) -> bool:
     return CONFIG_MARK in config or (isinstance(quant, dict) and quant.get("quant_method") == "qoq")
 
 
+def artifact_config(hf_config: dict, recipe) -> dict:
+    """config.json of an artifact of `recipe` (a qoq.recipe_schema.Recipe): the model's HF config with
+    `quantization_config` (W4 recipes; the keys SGLang's `qoq` method reads are wbits and group_size), the
+    qoq mark, and fp16 as the model dtype under both names transformers reads: "dtype" (which wins since
+    transformers 4.56, and which a source config may carry as bfloat16) and "torch_dtype"."""
+    out = dict(hf_config)
+    if recipe.quantizes_weights:
+        f = recipe.format
+        out["quantization_config"] = {
+            "quant_method": "qoq", "wbits": f.weight_bits, "group_size": f.group_size, "abits": f.act_bits,
+            "kv_bits": f.kv_bits, "recipe": recipe.name, "producer": f"qoq {qoq.__version__}"}
+    out["dtype"] = out["torch_dtype"] = "float16"
+    out[CONFIG_MARK] = {"format_version": qoq.FORMAT_VERSION, "recipe": recipe.name}
+    return out
+
+
 @dataclass
 class Artifact:
     path: Path

@@ -22,8 +22,7 @@ from pathlib import Path
 
 import torch
 
-from qoq import __version__
-from qoq.export.artifact import ArtifactWriter
+from qoq.export.artifact import ArtifactWriter, artifact_config
 from qoq.models.config import ModelConfig
 from qoq.models.llama import BLOCK_LINEARS, BLOCK_NORMS
 from qoq.quant.linear import export_linear
@@ -103,10 +102,7 @@ def write_random_artifact(out_dir: str | Path, shape: str | dict, recipe: str = 
     if tok is not None:
         cfg.update(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
     fmt = rec.format
-    if rec.quantizes_weights:
-        cfg["quantization_config"] = {
-            "quant_method": "qoq", "wbits": fmt.weight_bits, "group_size": fmt.group_size, "abits": fmt.act_bits,
-            "kv_bits": fmt.kv_bits, "recipe": rec.name, "producer": f"qoq {__version__}"}
+    cfg = artifact_config(cfg, rec)
     gen = torch.Generator(device=device).manual_seed(seed)
 
     def randn(*size, std=0.02):

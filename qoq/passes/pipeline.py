@@ -13,9 +13,9 @@ from pathlib import Path
 
 import torch
 
-from qoq import FORMAT_VERSION, __version__, preflight
+from qoq import preflight
 from qoq.calibration import calibration_tokens, describe, load_spec, source
-from qoq.export.artifact import CONFIG_MARK, ArtifactWriter
+from qoq.export.artifact import ArtifactWriter, artifact_config
 from qoq.export.replace import sweep_stale
 from qoq.models.config import ModelConfig
 from qoq.models.loader import CheckpointReader, load_block, load_skeleton, load_tokenizer, resolve_model
@@ -178,14 +178,7 @@ def quantize_model(model: str, recipe: Recipe, output: Path, *, data_dir: Path |
             "source": {"model": model, "path": str(path), "sha256": _files_sha256(path)},
             "block_rel_err": errors,
         }
-        hf_config = dict(cfg.hf)  # passes may have changed it (rotation unties the embeddings)
-        if recipe.quantizes_weights:
-            f = recipe.format
-            hf_config["quantization_config"] = {
-                "quant_method": "qoq", "wbits": f.weight_bits, "group_size": f.group_size,
-                "abits": f.act_bits, "kv_bits": f.kv_bits, "recipe": recipe.name, "producer": f"qoq {__version__}"}
-        hf_config["torch_dtype"] = "float16"
-        hf_config[CONFIG_MARK] = {"format_version": FORMAT_VERSION, "recipe": recipe.name}
+        hf_config = artifact_config(cfg.hf, recipe)  # passes may have changed cfg.hf (rotation unties)
         copy = [path / n for n in TOKENIZER_FILES if (path / n).exists()]
         writer.finish(hf_config, manifest, copy_files=copy)
     summary.update(output=str(output), seconds=time.perf_counter() - t0, peak_rss_gib=peak_rss_gib())
