@@ -207,7 +207,7 @@ def fp16_paged_sets(hq, hkv, dim, batch, length):
     for _ in range(n_sets(2 * pool_bytes, MAX_SETS)):
         table = torch.randperm(batch * pages, device="cuda").int().view(batch, pages)
         q = torch.randn(batch, hq, dim, device="cuda").half()
-        k, v = (torch.randn(batch * pages, 64, hkv, dim, device="cuda").half() for _ in range(2))
+        k, v = (torch.randn(batch * pages, 64, hkv, dim, device="cuda", dtype=torch.float16) for _ in range(2))
         sets.append((q, k, v, table))
     return sets
 
@@ -228,8 +228,8 @@ def bench_decode(model, batch, length) -> dict:
     sets = fp16_paged_sets(hq, hkv, dim, batch, length)
     row["fp16_paged_sets"] = len(sets)
     row["fp16_paged_ms_by_stages"] = {
-        str(st): graph_ms([lambda s=s, st=st: attention.decode_attention_fp16(s[0], s[1], s[2], s[3], seq_lens, length,
-                                                                              num_stages=st) for s in sets])
+        str(st): graph_ms([lambda s=s, st=st: attention.decode_attention_fp16(*s, seq_lens, length, num_stages=st)
+                           for s in sets])
         for st in (2, 3)
     }
     del sets

@@ -152,7 +152,8 @@ def _cpu_args(hq=4, hkv=2, dim=64, pool_dtype=torch.float16):
     (_cpu_args(hq=18), "group size of 1..8"),
     (_cpu_args(pool_dtype=torch.float32), r"k_pool must be fp16 \[num_pages, 64, Hkv, 64\]"),
     ((torch.zeros(1, 4, 64), *_cpu_args()[1:]), "q must be fp16"),
-    ((*_cpu_args()[:3], torch.zeros(1, 1, dtype=torch.int64), torch.ones(1, dtype=torch.int32)), "page_table must be int32"),
+    ((*_cpu_args()[:3], torch.zeros(1, 1, dtype=torch.int64), torch.ones(1, dtype=torch.int32)),
+     "page_table must be int32"),
 ])
 def test_decode_fp16_rejects_bad_arguments(args, message):
     with pytest.raises(ValueError, match=message):

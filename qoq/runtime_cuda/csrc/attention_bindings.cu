@@ -1,6 +1,7 @@
-// Python bindings of the attention kernels (KV4, and decode over the fp16 artifact's pages). Shapes and dtypes are checked here too, by TORCH_CHECK,
-// behind the Python wrappers' checks (the errors convention: qoq/runtime_cuda/__init__.py); the
-// wrappers in qoq/runtime_cuda/attention.py allocate outputs and workspaces.
+// Python bindings of the attention kernels (KV4, and decode over the fp16 artifact's pages). Shapes and
+// dtypes are checked here too, by TORCH_CHECK, behind the Python wrappers' checks (the errors convention:
+// qoq/runtime_cuda/__init__.py); the wrappers in qoq/runtime_cuda/attention.py allocate outputs and
+// workspaces.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>

@@ -358,7 +358,8 @@ cudaError_t launch(const DecodeParams& p, cudaStream_t stream) {
                                 kRingBytes);
   });
   if (attr != cudaSuccess) return attr;
-  decode_fp16_kernel<D, kStages, kSplit><<<dim3(p.num_splits, p.num_kv_heads, p.batch), kThreads, kRingBytes, stream>>>(p);
+  const dim3 grid(p.num_splits, p.num_kv_heads, p.batch);
+  decode_fp16_kernel<D, kStages, kSplit><<<grid, kThreads, kRingBytes, stream>>>(p);
   return cudaGetLastError();
 }
 
