@@ -2,10 +2,13 @@
 
   PYTHONPATH=. python bench/attention_h200.py --out $OUT
 
-1. correctness on fresh random data (RoPE+KV4 write codes, decode attention vs the references);
+1. correctness on fresh random data (RoPE+KV4 write codes, decode attention vs the references; the fp16
+   paged decode kernel vs its reference);
 2. decode attention over KV4 pages vs F.scaled_dot_product_attention over FP16 KV, B x L grid, for
    Llama-2-7B (32 heads, D 128) and Llama-3-8B (32/8 GQA), with achieved TB/s (KV4 bytes incl.
-   scales/zeros) against a measured device-to-device copy;
+   scales/zeros) against a measured device-to-device copy; beside them the engine's FP16 baseline,
+   decode_attention_fp16 over fp16 pages ("fp16_paged" keys: its TB/s and fraction of the copy, each ring
+   depth timed, and the KV4 kernel's speedup over it);
 3. KV4 write throughput and prefill attention at 64 x 1024 tokens next to SDPA.
 Timing (docs/design.md §6, CUDA events, median of REPS): decode as CUDA-graph replays over rotating input sets
 (> 3x L2, so every call reads HBM; no host overhead), once per ring-stage option, launched plainly
@@ -134,6 +137,43 @@ def check_correctness(gen) -> list[dict]:
     return rows
 
 
+def check_fp16(gen) -> list[dict]:
+    """decode_attention_fp16 against its reference on ragged batches (random normal K/V at shuffled pages,
+    the rest of the pools random bits, NaN included), default and pinned launches."""
+    rows = []
+    for dim in (64, 128):
+        for group in (1, 3, 4, 7, 8):
+            hkv, batch = 2, 16
+            lens = [1, 4096] + torch.randint(1, 4097, (batch - 2,), generator=gen, device="cuda").tolist()
+            pages = [math.ceil(n / 64) for n in lens]
+            total = sum(pages) + 1
+            pools = [torch.randint(-(1 << 15), 1 << 15, (total, 64, hkv, dim), dtype=torch.int32, device="cuda",
+                                   generator=gen).to(torch.int16).view(torch.float16) for _ in range(2)]
+            perm = torch.randperm(total, device="cuda", generator=gen)
+            table = torch.full((batch, max(pages)), int(perm[-1]), dtype=torch.int32, device="cuda")
+            start = 0
+            for i, (n, p) in enumerate(zip(lens, pages)):
+                ids = perm[start : start + p]
+                start += p
+                table[i, :p] = ids.int()
+                slots = (ids[:, None] * 64 + torch.arange(64, device="cuda")).flatten()[:n]
+                for pool in pools:
+                    pool.view(-1, hkv, dim)[slots] = torch.randn(n, hkv, dim, device="cuda", generator=gen).half()
+            q = torch.randn(batch, hkv * group, dim, device="cuda", generator=gen).half()
+            seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+            expected = ref.decode_attention_fp16(q, *pools, table, seq_lens)
+            errs = {}
+            for splits, stages in [(None, None), (1, 2), (1, 3), (5, 2), (64, 3)]:
+                out = attention.decode_attention_fp16(q, *pools, table, seq_lens, max(lens), num_splits=splits,
+                                                      num_stages=stages)
+                errs[f"splits={splits},stages={stages}"] = rel_err(out, expected) if out.isfinite().all() else math.inf
+            ok = max(errs.values()) < 1e-3
+            rows.append({"kernel": "fp16_paged", "head_dim": dim, "group": group, "lens": lens,
+                         "decode_rel_err_by_splits": errs, "ok": ok})
+            print(f"check fp16 paged D={dim} G={group}: ok={ok} rel={max(errs.values()):.2e}", flush=True)
+    return rows
+
+
 def random_pool(num_pages, hkv, dim):
     """Random codes with sane fp16 scales/zeros (timing never runs on zeros)."""
     pool = torch.randint(0, 256, (num_pages, ref.page_bytes(hkv, dim)), dtype=torch.uint8, device="cuda")
@@ -159,6 +199,19 @@ def decode_sets(hq, hkv, dim, batch, length):
     return sets
 
 
+def fp16_paged_sets(hq, hkv, dim, batch, length):
+    """Input sets (q, k_pool, v_pool, page_table) for decode_attention_fp16, enough of them to exceed 3x L2."""
+    pages = math.ceil(length / 64)
+    pool_bytes = batch * pages * 64 * hkv * dim * 2
+    sets = []
+    for _ in range(n_sets(2 * pool_bytes, MAX_SETS)):
+        table = torch.randperm(batch * pages, device="cuda").int().view(batch, pages)
+        q = torch.randn(batch, hq, dim, device="cuda").half()
+        k, v = (torch.randn(batch * pages, 64, hkv, dim, device="cuda", dtype=torch.float16) for _ in range(2))
+        sets.append((q, k, v, table))
+    return sets
+
+
 def bench_decode(model, batch, length) -> dict:
     hq, hkv, dim = MODELS[model]
     seq_lens = torch.full((batch,), length, dtype=torch.int32, device="cuda")
@@ -171,6 +224,14 @@ def bench_decode(model, batch, length) -> dict:
                                                                       num_stages=st, enable_pdl=pdl) for s in sets])
             for st in attention.supported_stages(dim)
         }
+    del sets
+    sets = fp16_paged_sets(hq, hkv, dim, batch, length)
+    row["fp16_paged_sets"] = len(sets)
+    row["fp16_paged_ms_by_stages"] = {
+        str(st): graph_ms([lambda s=s, st=st: attention.decode_attention_fp16(*s, seq_lens, length, num_stages=st)
+                           for s in sets])
+        for st in (2, 3)
+    }
     del sets
     fp16_bytes = 2 * batch * hkv * length * dim * 2
     sets = [(torch.randn(batch, hq, 1, dim, device="cuda").half(),
@@ -203,6 +264,13 @@ def with_plan(row, sms, copy_tbps):
         row[f"kv4{suffix}_tbps"] = tbps = kv4_bytes / ms / 1e9
         row[f"speedup_vs_sdpa{suffix}"] = row["sdpa_ms"] / ms
         row[f"bandwidth_fraction{suffix}"] = tbps / copy_tbps
+    if "fp16_paged_ms_by_stages" in row:  # runs before the fp16 paged kernel lack it
+        row["fp16_paged_stages"] = attention.plan_stages_fp16(batch, hkv, splits, sms)
+        row["fp16_paged_ms"] = ms = row["fp16_paged_ms_by_stages"][str(row["fp16_paged_stages"])]
+        row["fp16_paged_tbps"] = tbps = 2 * batch * hkv * length * dim * 2 / ms / 1e9
+        row["fp16_paged_bandwidth_fraction"] = tbps / copy_tbps
+        row["fp16_paged_speedup_vs_sdpa"] = row["sdpa_ms"] / ms
+        row["kv4_speedup_vs_fp16_paged"] = ms / row["kv4_ms"]
     return row
 
 
@@ -219,6 +287,13 @@ def summarize(result) -> dict:
             f"min_bandwidth_fraction_b_ge_64{suffix}": min(r[f"bandwidth_fraction{suffix}"] for r in decode
                                                           if r["batch"] >= 64),
             f"speedup_vs_sdpa_b1_min{suffix}": min(r[f"speedup_vs_sdpa{suffix}"] for r in decode if r["batch"] == 1),
+        })
+    if "fp16_paged_ms" in decode[0]:
+        summary.update({
+            "kv4_speedup_vs_fp16_paged_b64_l1536": pick("llama2-7b", 64, 1536)["kv4_speedup_vs_fp16_paged"],
+            "kv4_speedup_vs_fp16_paged_b64_l1536_gqa": pick("llama3-8b", 64, 1536)["kv4_speedup_vs_fp16_paged"],
+            "fp16_paged_min_bandwidth_fraction_b_ge_64": min(r["fp16_paged_bandwidth_fraction"] for r in decode
+                                                             if r["batch"] >= 64),
         })
     return {**summary, "correctness_ok": all(r["ok"] for r in result["correctness"]),
             "copy_bandwidth_tbps": result["copy_bandwidth_tbps"]}
@@ -366,7 +441,7 @@ def main():
     result = {"command": args.command, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
               "multiprocessors": sms}
     result["copy_bandwidth_tbps"] = bw = copy_bandwidth_tbps()
-    result["correctness"] = check_correctness(gen)
+    result["correctness"] = check_correctness(gen) + check_fp16(gen)
     decode = []
     for model in MODELS:
         for batch in BATCHES:
@@ -379,7 +454,9 @@ def main():
                       f"(pdl {row['kv4_pdl_ms']*1e3:.1f}) "
                       f"({row['kv4_tbps']:.2f} TB/s; {by_stages}) "
                       f"sdpa {row['sdpa_ms']*1e3:8.1f} us ({row['sdpa_tbps']:.2f} TB/s) "
-                      f"x{row['speedup_vs_sdpa']:.2f} splits={row['splits']}", flush=True)
+                      f"x{row['speedup_vs_sdpa']:.2f} splits={row['splits']} | fp16 paged "
+                      f"{row['fp16_paged_ms']*1e3:.1f} us ({row['fp16_paged_tbps']:.2f} TB/s) "
+                      f"kv4 x{row['kv4_speedup_vs_fp16_paged']:.2f}", flush=True)
     result["decode"] = decode
     result["decode_step"] = [bench_decode_step(*shape) for shape in STEP_SHAPES]
     for r in result["decode_step"]:

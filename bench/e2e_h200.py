@@ -51,9 +51,11 @@ from qoq.runtime_cuda.attention_reference import PAGE_TOKENS  # noqa: E402
 RECIPES = {"w4a8kv4": "w4a8kv4g128", "fp16": "fp16", "fp8": "fp16"}
 FORMAT_OPTIONS = {"fp8": {"quantization": "fp8"}}  # runner options of a format beside the plan's
 NOTES = [
-    "FP16 is this engine's fp16 path (cuBLAS linears; decode attention gathers every sequence's pages of the "
-    "graph's page bucket and runs masked SDPA, which for GQA falls back to SDPA's math kernel): not a "
-    "vLLM-class FP16 baseline at long contexts (docs/engine.md), so the speedups are against that path.",
+    "FP16 is this engine's fp16 path: cuBLAS linears (F.linear) and decode attention by decode_attention_fp16, "
+    "a paged FP16 kernel over the fp16 pages in place (csrc/attention_decode_fp16.cu, the KV4 kernel's design: "
+    "one CTA per sequence, KV head and split, so each K/V byte is read once for all of a KV head's query "
+    "heads; 16-byte copies, tensor-core math, fp32 softmax, split-K for long contexts), in the same CUDA "
+    "graphs; bench/attention_h200.py times it against the KV4 kernel and SDPA (its fp16_paged keys).",
     "FP8 is vLLM's --quantization fp8 recipe in this engine: the fp16 artifact's block linears quantized at "
     "load to e4m3 per output channel, activations per token at each call (torch ops: an absmax, a division, "
     "a cast, where vLLM fuses one kernel), torch._scaled_mm with row-wise scales; lm_head, KV (fp16 pages) "

@@ -35,6 +35,9 @@ class ReferenceOps:
     def decode_attention(self, q, k_pages, v_pages, page_table, seq_lens, max_seq_len):
         return attention_reference.decode_attention(q, k_pages, v_pages, page_table, seq_lens)
 
+    def decode_attention_fp16(self, q, k_pool, v_pool, page_table, seq_lens, max_seq_len):
+        return attention_reference.decode_attention_fp16(q, k_pool, v_pool, page_table, seq_lens)
+
 
 class KernelOps:
     """The CUDA kernels (imported on construction: needs a GPU and builds the extensions)."""
@@ -66,6 +69,9 @@ class KernelOps:
         # enable_pdl: starts while rope_kv4_write (just ahead, writing q and the new token) ends
         return self._attention.decode_attention(q, k_pages, v_pages, page_table, seq_lens, max_seq_len,
                                                 enable_pdl=True)
+
+    def decode_attention_fp16(self, q, k_pool, v_pool, page_table, seq_lens, max_seq_len):
+        return self._attention.decode_attention_fp16(q, k_pool, v_pool, page_table, seq_lens, max_seq_len)
 
 
 def fuse_w4a8(linears):

@@ -31,9 +31,6 @@ class FloatKVCache:
         k, v = (self.storage[layer, i][page_ids].flatten(0, 1)[:length].transpose(0, 1) for i in (0, 1))
         return k, v
 
-    def gather(self, layer: int, page_table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """page_table int64 [B, P] -> k, v [B, H_kv, P * 64, D] (static shapes: the graph path)."""
-        b = page_table.shape[0]
-        k, v = (self.storage[layer, i][page_table].view(b, -1, self.num_kv_heads, self.head_dim).transpose(1, 2)
-                for i in (0, 1))
-        return k, v
+    def pools(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One layer's K and V pools [num_pages, 64, H_kv, D] (views; what decode attention reads)."""
+        return self.storage[layer, 0], self.storage[layer, 1]

@@ -5,7 +5,7 @@
 
 (fp16 residual, fp16 lm_head; Qwen2's qkv biases ride in the fused GEMM's bias; GQA in the kernels;
 RoPE scaling in the cos/sin tables), or, for the fp16 artifact, the same loop with cuBLAS linears
-(F.linear), fp16 pages written by index_copy_ and SDPA over gathered pages; with `quantization="fp8"`
+(F.linear), fp16 pages written by index_copy_ and paged fp16 decode attention; with `quantization="fp8"`
 the fp16 artifact's block linears are quantized at load to W8A8 e4m3 (fp8_linear.py: torch._scaled_mm,
 per-token activation scales; lm_head stays fp16), all else as the fp16 path. Decode steps replay CUDA
 graphs (cuda_graphs.py); prefill runs eagerly. Prefill attends over the chunk's sequence read back from
@@ -134,10 +134,7 @@ class CudaRunner:
         if self.kv4:
             return self.ops.decode_attention(q, self.cache.k_pages(i), self.cache.v_pages(i), page_table, seq_lens,
                                              max_seq_len)
-        k, v = self.cache.gather(i, page_table.long())  # [B, Hkv, P*64, D]
-        mask = torch.arange(k.shape[2], device=q.device)[None, :] < seq_lens[:, None]  # [B, P*64]
-        o = F.scaled_dot_product_attention(q[:, :, None], k, v, attn_mask=mask[:, None, None], enable_gqa=True)
-        return o[:, :, 0]
+        return self.ops.decode_attention_fp16(q, *self.cache.pools(i), page_table, seq_lens, max_seq_len)
 
     def _context(self, i: int, page_ids: torch.Tensor, length: int):
         """A sequence's cached K/V -> [Hkv, L, D] in the activations' dtype."""

@@ -1,6 +1,7 @@
-"""Thin wrappers around the KV4 attention kernels (csrc/kv_rope_write.cu, csrc/attention_decode_kv4.cu)
-and torch's flash-attention (variable lengths) for prefill. Contracts and layouts:
-attention_reference.py, which holds a pure-torch twin of each function here.
+"""Thin wrappers around the KV4 attention kernels (csrc/kv_rope_write.cu, csrc/attention_decode_kv4.cu),
+the decode kernel over the fp16 artifact's pages (csrc/attention_decode_fp16.cu) and torch's
+flash-attention (variable lengths) for prefill. Contracts and layouts: attention_reference.py, which holds
+a pure-torch twin of each function here.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from qoq.runtime_cuda.build import load_extension
 from qoq.runtime_cuda.devices import same_device
 from qoq.runtime_cuda.split_counters import split_counters
 
-SOURCES = ("attention_decode_kv4.cu", "kv_rope_write.cu", "attention_bindings.cu")
+SOURCES = ("attention_decode_kv4.cu", "attention_decode_fp16.cu", "kv_rope_write.cu", "attention_bindings.cu")
 MAX_SPLITS = 64  # the kernel's combine step holds one weight per split in shared memory
 SHORT_PAGES = 8
 CTAS_PER_SM = 4  # the decode kernel's occupancy (its registers and shared memory)
@@ -101,19 +102,86 @@ def decode_attention(
     elif num_stages not in supported_stages(d):
         raise ValueError(f"num_stages {num_stages} unsupported for head_dim {d} (2, or 3 at head_dim 128)")
     out = torch.empty_like(q)
-    group = hq // h_kv
-    if splits > 1:
-        part_o = torch.empty(b * h_kv * splits * group * d, dtype=torch.float32, device=q.device)
-        part_ml = torch.empty(b * h_kv * splits * group * 2, dtype=torch.float32, device=q.device)
-        counters = split_counters(q.device, b * h_kv)
-    else:
-        part_o = part_ml = torch.empty(0, dtype=torch.float32, device=q.device)
-        counters = torch.empty(0, dtype=torch.int32, device=q.device)
+    part_o, part_ml, counters = _split_workspaces(q, h_kv, splits)
     scale = 1 / math.sqrt(d) if scale is None else scale
     extension().decode_kv4(
         q, k_pages, v_pages, page_table, seq_lens, out, part_o, part_ml, counters,
         h_kv, splits, pages_per_split, num_stages, scale, enable_pdl,
     )
+    return out
+
+
+def _split_workspaces(q: torch.Tensor, h_kv: int, splits: int):
+    """-> (part_o, part_ml, counters) of a decode launch: each split's partial output and softmax state,
+    and the counters the last split merges by; empty for an unsplit launch."""
+    b, hq, d = q.shape
+    if splits == 1:
+        empty = torch.empty(0, dtype=torch.float32, device=q.device)
+        return empty, empty, torch.empty(0, dtype=torch.int32, device=q.device)
+    part_o = torch.empty(b * splits * hq * d, dtype=torch.float32, device=q.device)
+    part_ml = torch.empty(b * splits * hq * 2, dtype=torch.float32, device=q.device)
+    return part_o, part_ml, split_counters(q.device, b * h_kv)
+
+
+def plan_stages_fp16(batch: int, num_kv_heads: int, num_splits: int, num_sms: int) -> int:
+    """Ring slots per warp of the fp16 decode kernel (8 KB of K and V per chunk; two slots fit three CTAs
+    per SM, three slots two). Two slots keep one chunk per warp in flight, which covers the memory latency
+    once several CTAs share an SM; a grid of at most one CTA per SM gets three, its four warps alone having
+    to keep the SM's copies in flight (the bench/attention_h200.py rows time both)."""
+    return 3 if batch * num_kv_heads * num_splits <= num_sms else 2
+
+
+def decode_attention_fp16(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    page_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_seq_len: int,
+    scale: float | None = None,
+    num_splits: int | None = None,
+    num_stages: int | None = None,
+) -> torch.Tensor:
+    """Decode attention over the fp16 artifact's pages: q [B, Hq, D] fp16, k_pool / v_pool one layer's
+    pools [num_pages, 64, Hkv, D] fp16 (qoq.engine.kv_float.FloatKVCache.pools), page_table int32
+    [B, >= ceil(max_seq_len/64)], seq_lens int32 [B] (each in 1..max_seq_len) -> [B, Hq, D] fp16.
+    GQA group Hq/Hkv <= 8; D 64 or 128. The launch depends on shapes and max_seq_len only (CUDA graphs);
+    num_splits / num_stages (2 or 3) pin it (default: split_plan / plan_stages_fp16). Plain launch."""
+    if q.dim() != 3 or q.dtype != torch.float16:
+        raise ValueError(f"q must be fp16 [B, Hq, D], got {q.dtype} {tuple(q.shape)}")
+    q = q.contiguous()
+    b, hq, d = q.shape
+    if d not in (64, 128):
+        raise ValueError(f"head_dim {d} unsupported (64 or 128)")
+    for name, pool in (("k_pool", k_pool), ("v_pool", v_pool)):
+        if pool.dtype != torch.float16 or pool.dim() != 4 or pool.shape[1] != PAGE_TOKENS or pool.shape[3] != d:
+            raise ValueError(f"{name} must be fp16 [num_pages, {PAGE_TOKENS}, Hkv, {d}], got {pool.dtype} "
+                             f"{tuple(pool.shape)}")
+        if not pool.is_contiguous():
+            raise ValueError(f"{name} must be contiguous (one layer's pool of FloatKVCache.storage)")
+    if k_pool.shape != v_pool.shape:
+        raise ValueError(f"k_pool {tuple(k_pool.shape)} and v_pool {tuple(v_pool.shape)} differ in shape")
+    h_kv = k_pool.shape[2]
+    if h_kv == 0 or hq % h_kv or hq // h_kv > 8:
+        raise ValueError(f"{hq} query heads over {h_kv} KV heads: need a group size of 1..8")
+    if page_table.dtype != torch.int32 or page_table.dim() != 2 or page_table.shape[0] != b \
+            or seq_lens.dtype != torch.int32 or seq_lens.shape != (b,):
+        raise ValueError(f"page_table must be int32 [{b}, P] and seq_lens int32 [{b}], got {page_table.dtype} "
+                         f"{tuple(page_table.shape)} and {seq_lens.dtype} {tuple(seq_lens.shape)}")
+    if max_seq_len < 1:
+        raise ValueError(f"max_seq_len must be >= 1, got {max_seq_len}")
+    same_device("q", q, k_pool=k_pool, v_pool=v_pool, page_table=page_table, seq_lens=seq_lens)
+    num_sms = _num_sms(q.device.index)
+    splits, pages_per_split = split_plan(b, h_kv, max_seq_len, num_sms, num_splits)
+    if num_stages is None:
+        num_stages = plan_stages_fp16(b, h_kv, splits, num_sms)
+    elif num_stages not in (2, 3):
+        raise ValueError(f"num_stages {num_stages} unsupported (2 or 3)")
+    out = torch.empty_like(q)
+    part_o, part_ml, counters = _split_workspaces(q, h_kv, splits)
+    scale = 1 / math.sqrt(d) if scale is None else scale
+    extension().decode_fp16(q, k_pool, v_pool, page_table.contiguous(), seq_lens.contiguous(), out,
+                            part_o, part_ml, counters, splits, pages_per_split, num_stages, scale)
     return out
 
 

@@ -1,9 +1,11 @@
-"""Pure-torch references of the KV4 paged-attention kernels, with the same contracts (docs/design.md §3.4,
+"""Pure-torch references of the paged-attention kernels, with the same contracts (docs/design.md §3.4,
 §3.5, §5). They run on CPU in CI; GPU tests compare the CUDA kernels against them.
 
-Page layout (one layer, K or V, PAGE_TOKENS tokens): `[H_kv][64][D/2]` nibble codes (element d in
+KV4 page layout (one layer, K or V, PAGE_TOKENS tokens): `[H_kv][64][D/2]` nibble codes (element d in
 the low nibble when d is even), then fp16 scale `[H_kv][64]`, then fp16 zero `[H_kv][64]`.
 A page pool is a uint8 tensor `[num_pages, page_bytes]`; a slot is `page * 64 + offset`.
+The fp16 artifact's pools (decode_attention_fp16) are `[num_pages, 64, H_kv, D]` in the activations' dtype,
+with the same page ids and slots.
 """
 
 from __future__ import annotations
@@ -125,6 +127,26 @@ def decode_attention(q, k_pages, v_pages, page_table, seq_lens, scale: float | N
         v = dequantize_kv(*read_kv4(v_pages, ids, n, h_kv, d), dtype=torch.float32)
         out[i] = _softmax_attention(q[i, :, None], k, v, scale, causal=False)[:, 0].to(q.dtype)
     return out
+
+
+def decode_attention_fp16(q, k_pool, v_pool, page_table, seq_lens, scale: float | None = None) -> torch.Tensor:
+    """q [B, Hq, D]; k_pool / v_pool [num_pages, 64, Hkv, D] (one layer of FloatKVCache); page_table [B, P];
+    seq_lens [B] (1..P*64) -> [B, Hq, D] in q's dtype: exact softmax attention of each sequence over the
+    first seq_lens tokens of its pages (fp32 math), the rest of the gathered pages masked out. Static
+    shapes, no host synchronization."""
+    b, hq, d = q.shape
+    h_kv = k_pool.shape[2]
+    scale = 1 / math.sqrt(d) if scale is None else scale
+    ids = page_table.long()
+    k = k_pool[ids].flatten(1, 2).float()  # [B, P*64, Hkv, D]
+    v = v_pool[ids].flatten(1, 2).float()
+    valid = torch.arange(k.shape[1], device=q.device)[None, :] < seq_lens.to(q.device).long()[:, None]  # [B, L]
+    v = v.masked_fill(~valid[:, :, None, None], 0.0)  # what lies past a sequence (NaN too) must not meet p = 0
+    qg = q.float().view(b, h_kv, hq // h_kv, d)  # query head i uses KV head i // G
+    scores = torch.einsum("bhgd,blhd->bhgl", qg, k) * scale
+    scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
+    out = torch.einsum("bhgl,blhd->bhgd", scores.softmax(-1), v)
+    return out.reshape(b, hq, d).to(q.dtype)
 
 
 def prefill_attention(q, k, v, cu_seqlens, scale: float | None = None) -> torch.Tensor:

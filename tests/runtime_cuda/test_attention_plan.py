@@ -8,7 +8,14 @@ kernel's limits, and splitting and ring depth follow the grid's size the way the
 import itertools
 import math
 
-from qoq.runtime_cuda.attention import MAX_SPLITS, SHORT_PAGES, plan_stages, split_plan, supported_stages
+from qoq.runtime_cuda.attention import (
+    MAX_SPLITS,
+    SHORT_PAGES,
+    plan_stages,
+    plan_stages_fp16,
+    split_plan,
+    supported_stages,
+)
 from qoq.runtime_cuda.attention_reference import PAGE_TOKENS
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -66,3 +73,10 @@ def test_more_batch_never_takes_three_stages_away_in_a_split_grid():
     for h, splits, sms in itertools.product(KV_HEADS, (2, 4, 8), SMS):
         stages = [plan_stages(b, h, splits, 128, sms) for b in BATCHES]
         assert stages == sorted(stages), (h, splits, sms, stages)
+
+
+def test_fp16_kernel_takes_three_stages_only_at_one_cta_per_sm_or_fewer():
+    # its rings: two slots fit three CTAs per SM, three slots two; a third slot pays only where a CTA's four
+    # warps are alone on their SM
+    for b, h, splits, sms in itertools.product(BATCHES, KV_HEADS, (1, 2, 4, 8), SMS):
+        assert plan_stages_fp16(b, h, splits, sms) == (3 if b * h * splits <= sms else 2), (b, h, splits, sms)

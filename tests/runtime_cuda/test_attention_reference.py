@@ -77,6 +77,38 @@ def test_decode_reference_equals_softmax_over_dequantized(group, dim):
     assert ((out.float() - expected).norm() / expected.norm()).item() < 1e-3
 
 
+@pytest.mark.parametrize("group,dim", [(1, 64), (3, 128), (4, 64), (7, 128), (8, 64)])
+def test_decode_fp16_reference_equals_dense_attention(group, dim):
+    """Sequences written through FloatKVCache.write at shuffled slots, NaN everywhere else in the pools
+    (unwritten slots, padded page-table columns): decode_attention_fp16 over the layer's pools equals
+    softmax attention over each sequence's dense K/V."""
+    from qoq.engine.kv_float import FloatKVCache
+
+    gen = torch.Generator().manual_seed(group * dim)
+    h_kv, lens, layer = 2, [1, 63, 64, 65, 200], 1
+    pages = [math.ceil(n / 64) for n in lens]
+    cache = FloatKVCache(2, h_kv, dim, (sum(pages) + 3) * 2 * 2 * 64 * h_kv * dim * 2, torch.float16, "cpu")
+    cache.storage.fill_(float("nan"))
+    perm = torch.randperm(cache.num_pages, generator=gen)
+    table = torch.full((len(lens), max(pages) + 1), int(perm[-1]), dtype=torch.int32)  # a spare column of NaN
+    q = torch.randn(len(lens), h_kv * group, dim, generator=gen).half()
+    expected, start = [], 0
+    for i, (n, p) in enumerate(zip(lens, pages)):
+        ids = perm[start : start + p]
+        start += p
+        table[i, :p] = ids.int()
+        slots = (ids[:, None] * 64 + torch.arange(64)).flatten()[:n]
+        k = torch.randn(n, h_kv, dim, generator=gen).half()
+        v = torch.randn(n, h_kv, dim, generator=gen).half()
+        cache.write(layer, k, v, slots)
+        kd, vd = (x.float().transpose(0, 1).repeat_interleave(group, 0) for x in (k, v))  # [Hq, L, D]
+        expected.append(F.scaled_dot_product_attention(q[i, :, None].float(), kd, vd)[:, 0])
+    out = ref.decode_attention_fp16(q, *cache.pools(layer), table, torch.tensor(lens, dtype=torch.int32))
+    expected = torch.stack(expected)
+    assert out.dtype == torch.float16 and out.isfinite().all()
+    assert ((out.float() - expected).norm() / expected.norm()).item() < 1e-3
+
+
 def test_rope_reference_matches_hf_rotate_half():
     gen = torch.Generator().manual_seed(0)
     t, h, d = 7, 3, 64

@@ -1,6 +1,7 @@
-// Python bindings of the KV4 attention kernels. Shapes and dtypes are checked here too, by TORCH_CHECK,
-// behind the Python wrappers' checks (the errors convention: qoq/runtime_cuda/__init__.py); the
-// wrappers in qoq/runtime_cuda/attention.py allocate outputs and workspaces.
+// Python bindings of the attention kernels (KV4, and decode over the fp16 artifact's pages). Shapes and
+// dtypes are checked here too, by TORCH_CHECK, behind the Python wrappers' checks (the errors convention:
+// qoq/runtime_cuda/__init__.py); the wrappers in qoq/runtime_cuda/attention.py allocate outputs and
+// workspaces.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -72,6 +73,63 @@ void decode_kv4(const torch::Tensor& q, const torch::Tensor& k_pages, const torc
               ", stages ", num_stages, "): ", cudaGetErrorString(err));
 }
 
+// Pools [num_pages, 64, H_kv, D] fp16 (one layer's K or V of qoq/engine/kv_float.py).
+void decode_fp16(const torch::Tensor& q, const torch::Tensor& k_pool, const torch::Tensor& v_pool,
+                 const torch::Tensor& page_table, const torch::Tensor& seq_lens, torch::Tensor& out,
+                 torch::Tensor& part_o, torch::Tensor& part_ml, torch::Tensor& counters, int64_t num_splits,
+                 int64_t pages_per_split, int64_t num_stages, double scale) {
+  const c10::Device device = q.device();
+  check(q, "q", at::kHalf, 3, device);
+  check(k_pool, "k_pool", at::kHalf, 4, device);
+  check(v_pool, "v_pool", at::kHalf, 4, device);
+  check(page_table, "page_table", at::kInt, 2, device);
+  check(seq_lens, "seq_lens", at::kInt, 1, device);
+  check(out, "out", at::kHalf, 3, device);
+  check(part_o, "part_o", at::kFloat, 1, device);
+  check(part_ml, "part_ml", at::kFloat, 1, device);
+  check(counters, "counters", at::kInt, 1, device);
+  const int64_t B = q.size(0), Hq = q.size(1), D = q.size(2), Hkv = k_pool.size(2);
+  TORCH_CHECK(k_pool.sizes() == v_pool.sizes(), "k_pool and v_pool differ in shape");
+  TORCH_CHECK(k_pool.size(1) == qoq_attn::kPageTokens && k_pool.size(3) == D,
+              "pools must be [num_pages, 64, num_kv_heads, head_dim ", D, "], got ", k_pool.sizes());
+  TORCH_CHECK(Hkv > 0 && Hq % Hkv == 0, "num_q_heads ", Hq, " is not a multiple of num_kv_heads ", Hkv);
+  const int64_t G = Hq / Hkv;
+  // 4-byte query loads, 16-byte page copies
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(q.data_ptr()) % 4 == 0, "q must be 4-byte aligned");
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(k_pool.data_ptr()) % 16 == 0 &&
+                  reinterpret_cast<uintptr_t>(v_pool.data_ptr()) % 16 == 0,
+              "k_pool and v_pool must be 16-byte aligned");
+  TORCH_CHECK(page_table.size(0) == B && seq_lens.size(0) == B, "page_table/seq_lens batch != q batch");
+  TORCH_CHECK(out.sizes() == q.sizes(), "out shape != q shape");
+  TORCH_CHECK(num_splits == 1 || (part_o.numel() >= B * Hkv * num_splits * G * D &&
+                                  part_ml.numel() >= B * Hkv * num_splits * G * 2 && counters.numel() >= B * Hkv),
+              "split workspaces too small");
+  qoq_attn::DecodeParams p{};
+  p.q = reinterpret_cast<const half*>(q.data_ptr<at::Half>());
+  p.k_pages = reinterpret_cast<const uint8_t*>(k_pool.data_ptr<at::Half>());
+  p.v_pages = reinterpret_cast<const uint8_t*>(v_pool.data_ptr<at::Half>());
+  p.page_table = page_table.data_ptr<int32_t>();
+  p.seq_lens = seq_lens.data_ptr<int32_t>();
+  p.out = reinterpret_cast<half*>(out.data_ptr<at::Half>());
+  p.part_o = part_o.data_ptr<float>();
+  p.part_ml = part_ml.data_ptr<float>();
+  p.counters = counters.data_ptr<int32_t>();
+  p.page_bytes = k_pool.stride(0) * 2;
+  p.page_table_stride = page_table.size(1);
+  p.batch = B;
+  p.num_kv_heads = Hkv;
+  p.group = G;
+  p.num_splits = num_splits;
+  p.pages_per_split = pages_per_split;
+  p.num_stages = num_stages;
+  p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
+  p.dependent = false;
+  const c10::cuda::CUDAGuard guard(device);  // launch on q's GPU, in its current stream
+  const cudaError_t err = qoq_attn::launch_decode_fp16(p, D, c10::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, "decode_fp16 launch failed (head_dim ", D, ", group ", G, ", splits ", num_splits,
+              ", stages ", num_stages, "): ", cudaGetErrorString(err));
+}
+
 void rope_kv4_write(const torch::Tensor& qkv, const torch::Tensor& positions, const torch::Tensor& slots,
                     const torch::Tensor& cos, const torch::Tensor& sin, torch::Tensor& q_out,
                     torch::Tensor& k_out, torch::Tensor& k_pages, torch::Tensor& v_pages) {
@@ -117,5 +175,6 @@ void rope_kv4_write(const torch::Tensor& qkv, const torch::Tensor& positions, co
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_kv4", &decode_kv4, "decode attention over KV4 pages");
+  m.def("decode_fp16", &decode_fp16, "decode attention over fp16 pages");
   m.def("rope_kv4_write", &rope_kv4_write, "RoPE on q/k + KV4 quantize-and-write of k/v");
 }

@@ -4,7 +4,9 @@
 // template parameter, not a runtime test: the kernel that never splits carries none of the merge
 // code and none of its 2 KB of static shared memory. (That scratch once pushed the ring's base off
 // its 128-byte alignment, which slowed the kernel; the ring is now aligned whatever
-// comes before it: decode_kv4_kernel.)
+// comes before it: decode_kv4_kernel.) Shared by the KV4 kernel (combine_warps_and_splits) and the
+// fp16 one (attention_decode_fp16.cu), which stores its warps' rows itself and calls
+// merge_warps_and_splits.
 #pragma once
 
 #include <cmath>
@@ -94,44 +96,18 @@ __device__ __forceinline__ void merge_splits(const DecodeParams& p, int bh) {
   if (threadIdx.x == 0) p.counters[bh] = 0;
 }
 
-// scratch + w * region (region >= CombineRows<D>::kFloats floats): warp w's own ring, which only it has
-// read, so each warp writes its partial state there without waiting for the others; one barrier, then
-// each thread merges 4 d of one head over the warps. kSplit: p.num_splits > 1.
+// Once every warp w has stored its partial state at scratch + w * region in the CombineRows layout
+// (rows of o relative to the warp's own running max, then m and l per query head) and the CTA has
+// passed a barrier: each thread merges 4 d of one head over the warps, weighing each warp's o by
+// state_weight against the max M over the warps; with one split it divides by L and writes the output,
+// otherwise it stores this split's state and the last split merges them all. kSplit: p.num_splits > 1.
 template <int D, bool kSplit>
-__device__ __forceinline__ void combine_warps_and_splits(const DecodeParams& p, WarpState<D>& st, float* scratch,
-                                                         int region, int split, int head, int b) {
+__device__ __forceinline__ void merge_warps_and_splits(const DecodeParams& p, const float* scratch, int region,
+                                                       int split, int head, int b) {
   using Rows = CombineRows<D>;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, quad = lane & 3, grp = lane >> 2;
   const int G = p.group, GD = G * D, S = kSplit ? p.num_splits : 1;
   const int bh = b * p.num_kv_heads + head;
   const size_t part = (size_t)bh * S + split;
-#pragma unroll
-  for (int h = 0; h < 2; ++h)
-#pragma unroll
-    for (int x = 4; x <= 16; x <<= 1) st.l[h] += __shfl_xor_sync(0xffffffffu, st.l[h], x);
-  float* mine = scratch + warp * region;
-  if (grp == 0) {
-    mine[Rows::kM + 2 * quad] = st.m[0]; mine[Rows::kL + 2 * quad] = st.l[0];
-    mine[Rows::kM + 2 * quad + 1] = st.m[1]; mine[Rows::kL + 2 * quad + 1] = st.l[1];
-  }
-  constexpr float kEven = 16777216.f, kOdd = 1048576.f;  // 2^24; 2^24 / 16 for the high nibbles
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int g = 2 * quad + h;
-    if (g >= G) continue;
-    float* row = mine + g * D;
-    const auto unscaled = [&](float o, float unit) { return o * unit - st.z[h]; };
-#pragma unroll
-    for (int j = 0; j < D / 32; ++j) {  // d = grp * D/8 + 4j + {0, 1, 2, 3}: o[2j], o[2j + 1], even and odd d
-      const float4 v = make_float4(unscaled(st.o[2 * j][h], kEven), unscaled(st.o[2 * j][2 + h], kOdd),
-                                   unscaled(st.o[2 * j + 1][h], kEven), unscaled(st.o[2 * j + 1][2 + h], kOdd));
-      *reinterpret_cast<float4*>(row + 4 * Rows::chunk(g, grp * (D / 32) + j)) = v;
-    }
-  }
-  __syncthreads();
-
-  // Each warp's o is relative to its own running max: weigh it by state_weight against the max M over
-  // the warps, and with one split divide by L.
   half* out = p.out + (size_t)bh * GD;  // query heads head*G .. head*G+G-1 of sequence b
   for (int idx = threadIdx.x; idx < G * Rows::kChunks; idx += kDecodeThreads) {  // idx: g and 4 d
     const int g = idx / Rows::kChunks, c = idx % Rows::kChunks, at = 4 * Rows::chunk(g, c);
@@ -162,6 +138,42 @@ __device__ __forceinline__ void combine_warps_and_splits(const DecodeParams& p, 
     }
   }
   if constexpr (kSplit) merge_splits<D>(p, bh);
+}
+
+// scratch + w * region (region >= CombineRows<D>::kFloats floats): warp w's own ring, which only it has
+// read, so each warp writes its partial state there without waiting for the others; one barrier, then
+// merge_warps_and_splits. kSplit: p.num_splits > 1.
+template <int D, bool kSplit>
+__device__ __forceinline__ void combine_warps_and_splits(const DecodeParams& p, WarpState<D>& st, float* scratch,
+                                                         int region, int split, int head, int b) {
+  using Rows = CombineRows<D>;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, quad = lane & 3, grp = lane >> 2;
+  const int G = p.group;
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int x = 4; x <= 16; x <<= 1) st.l[h] += __shfl_xor_sync(0xffffffffu, st.l[h], x);
+  float* mine = scratch + warp * region;
+  if (grp == 0) {
+    mine[Rows::kM + 2 * quad] = st.m[0]; mine[Rows::kL + 2 * quad] = st.l[0];
+    mine[Rows::kM + 2 * quad + 1] = st.m[1]; mine[Rows::kL + 2 * quad + 1] = st.l[1];
+  }
+  constexpr float kEven = 16777216.f, kOdd = 1048576.f;  // 2^24; 2^24 / 16 for the high nibbles
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int g = 2 * quad + h;
+    if (g >= G) continue;
+    float* row = mine + g * D;
+    const auto unscaled = [&](float o, float unit) { return o * unit - st.z[h]; };
+#pragma unroll
+    for (int j = 0; j < D / 32; ++j) {  // d = grp * D/8 + 4j + {0, 1, 2, 3}: o[2j], o[2j + 1], even and odd d
+      const float4 v = make_float4(unscaled(st.o[2 * j][h], kEven), unscaled(st.o[2 * j][2 + h], kOdd),
+                                   unscaled(st.o[2 * j + 1][h], kEven), unscaled(st.o[2 * j + 1][2 + h], kOdd));
+      *reinterpret_cast<float4*>(row + 4 * Rows::chunk(g, grp * (D / 32) + j)) = v;
+    }
+  }
+  __syncthreads();
+  merge_warps_and_splits<D, kSplit>(p, scratch, region, split, head, b);
 }
 
 }  // namespace qoq_attn

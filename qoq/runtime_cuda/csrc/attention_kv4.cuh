@@ -45,8 +45,11 @@ struct RopeWriteParams {
   int tokens, num_q_heads, num_kv_heads;
 };
 
-// Host launchers (return the launch error, cudaSuccess when fine).
+// Host launchers (return the launch error, cudaSuccess when fine). launch_decode_fp16 takes the same
+// DecodeParams over fp16 pools [P][64][H_kv][D] (page_bytes = 64 * H_kv * D * 2; plain launch: no
+// `dependent`): attention_decode_fp16.cu.
 cudaError_t launch_decode_kv4(const DecodeParams& p, int head_dim, cudaStream_t stream);
+cudaError_t launch_decode_fp16(const DecodeParams& p, int head_dim, cudaStream_t stream);
 cudaError_t launch_rope_kv4_write(const RopeWriteParams& p, int head_dim, cudaStream_t stream);
 
 // ---- device helpers ---------------------------------------------------------------------------
