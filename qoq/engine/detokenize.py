@@ -3,7 +3,8 @@
 Byte-level BPE tokenizers (GPT-2 style: SmolLM2, Llama-3, Qwen2) map every token to raw bytes; a
 multi-byte character may span tokens. The bytes go through an incremental UTF-8 decoder, which holds an
 incomplete trailing sequence back until the next token completes it. Other tokenizers (SentencePiece)
-fall back to decoding the whole output and emitting the new suffix, holding back a trailing U+FFFD.
+fall back to decoding the output and emitting the new suffix, holding back a trailing U+FFFD; the
+decoded window slides (the last _WINDOW tokens) where its text checks out as the end of the text so far.
 Special tokens (EOS, chat markers) produce no text.
 
 Stop strings: text that could still grow into a stop string is held back; when one appears, the text
@@ -36,19 +37,34 @@ def _is_byte_level(tokenizer) -> bool:
 
 
 class TokenBytes:
-    """Token id -> its bytes (byte-level tokenizers), cached per tokenizer."""
+    """Token id -> its bytes (byte-level tokenizers), cached per tokenizer; and its text where those bytes
+    are whole UTF-8 characters."""
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
         self.special = set(getattr(tokenizer, "all_special_ids", []) or [])
         self.byte_level = _is_byte_level(tokenizer)
         self._cache: dict[int, bytes] = {}
+        self._text: dict[int, str | None] = {}
 
     def __call__(self, token_id: int) -> bytes:
         b = self._cache.get(token_id)
         if b is None:
             b = self._cache[token_id] = self._bytes(token_id)
         return b
+
+    def text(self, token_id: int) -> str | None:
+        """The token's bytes decoded, or None where they are not whole UTF-8 characters."""
+        try:
+            return self._text[token_id]
+        except KeyError:
+            pass
+        try:
+            text = self(token_id).decode("utf-8")
+        except UnicodeDecodeError:
+            text = None
+        self._text[token_id] = text
+        return text
 
     def _bytes(self, token_id: int) -> bytes:
         if token_id in self.special:
@@ -60,37 +76,67 @@ class TokenBytes:
         return self.tokenizer.decode([token_id], skip_special_tokens=True).encode()  # an added token
 
 
+_WINDOW = 8  # tokens the fallback path keeps decoding behind the newest one (a character's bytes fit)
+
+
 class Detokenizer:
     """push(token id) -> text that is safe to show now; flush() -> the rest at the end."""
 
     def __init__(self, token_bytes: TokenBytes, stop: list[str] | tuple = ()):
         self.token_bytes = token_bytes
         self.stop = list(stop)
-        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._partial = b""  # byte-level path: the start of a character the next token completes
         self._ids: list[int] = []
-        self._decoded = ""  # text decoded so far (fallback path)
+        self._start = 0  # fallback path: the first token of the window decoded at each push
+        self._decoded = ""  # fallback path: text of the window emitted so far
         self.text = ""  # all text, stop string cut
         self._emitted = 0  # characters of self.text already returned
         self.stopped = False
 
     def _decode(self, token_id: int, final: bool) -> str:
         if self.token_bytes.byte_level:
-            return self._utf8.decode(self.token_bytes(token_id) if token_id >= 0 else b"", final=final)
+            if not self._partial and token_id >= 0:
+                text = self.token_bytes.text(token_id)
+                if text is not None:
+                    return text
+            # what codecs' incremental UTF-8 decoder does: hold an incomplete character back
+            data = self._partial + (self.token_bytes(token_id) if token_id >= 0 else b"")
+            text, used = codecs.utf_8_decode(data, "replace", final)
+            self._partial = data[used:]
+            return text
         if token_id >= 0:
             self._ids.append(token_id)
-        full = self.token_bytes.tokenizer.decode(self._ids, skip_special_tokens=True)
+        decode = self.token_bytes.tokenizer.decode
+        full = decode(self._ids[self._start :], skip_special_tokens=True)
         if not final and full.endswith("\ufffd"):
             full = full.rstrip("\ufffd")
         if not full.startswith(self._decoded):  # the tokenizer re-merged earlier text: emit nothing new
             return ""
-        new, self._decoded = full[len(self._decoded):], full
+        new, self._decoded = full[len(self._decoded) :], full
+        held = len(self._ids) - self._start
+        if held >= 2 * _WINDOW and held % _WINDOW == 0:
+            self._slide(decode)
         return new
+
+    def _slide(self, decode) -> None:
+        """Decode from _WINDOW tokens back on, not from the first one (each push then costs a window,
+        not the whole output), once those tokens decode to exactly the end of the text decoded so far;
+        a decoder whose text there depends on earlier tokens keeps the longer window."""
+        start = len(self._ids) - _WINDOW
+        tail = decode(self._ids[start:], skip_special_tokens=True)
+        if tail and not tail.endswith("\ufffd") and self._decoded.endswith(tail):
+            self._start, self._decoded = start, tail
 
     def push(self, token_id: int, final: bool = False) -> str:
         if self.stopped:
             return ""
+        piece = self._decode(token_id, final)
+        if not self.stop:  # nothing is held back
+            self.text += piece
+            self._emitted = len(self.text)
+            return piece
         before = len(self.text)
-        self.text += self._decode(token_id, final)
+        self.text += piece
         for s in self.stop:
             at = self.text.find(s, max(0, before - len(s) + 1))
             if at >= 0:

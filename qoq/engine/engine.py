@@ -121,38 +121,43 @@ class LLMEngine:
             self.stats["steps"] += 1
             self.stats["decode_tokens" if step.is_decode else "prefill_tokens"] += len(step.token_ids)
             self.scheduler.update(scheduled)
-            rows = [i for i, s in enumerate(scheduled) if s.samples]
-            if not rows:
+            seqs = [s.seq for s in scheduled if s.samples]
+            if not seqs:
                 return outputs
-            seqs = [scheduled[i].seq for i in rows]
-            for seq in seqs:
-                if seq.generator is None and not seq.params.greedy:
-                    seq.generator = make_generator(seq.params, logits.device)
-            picked = logits[rows]
-            tokens = sample(picked, [s.params for s in seqs], [s.generator for s in seqs])
-            for j, (seq, token) in enumerate(zip(seqs, tokens)):
-                if self.record_logits:
-                    seq.logits.append(picked[j].detach().float().cpu())
-                outputs.append(self._append_token(seq, token))
+            if len(seqs) < len(scheduled):
+                logits = logits[[i for i, s in enumerate(scheduled) if s.samples]]
+            params = [seq.params for seq in seqs]
+            generators = [seq.generator for seq in seqs]
+            for j, p in enumerate(params):
+                if p.temperature != 0 and generators[j] is None:  # a sampled row's first draw
+                    generators[j] = seqs[j].generator = make_generator(p, logits.device)
+            tokens = sample(logits, params, generators)
+            if self.record_logits:
+                for seq, row in zip(seqs, logits.detach().float().cpu()):
+                    seq.logits.append(row)
+            append = self._append_token
+            outputs += [append(seq, token) for seq, token in zip(seqs, tokens)]
             return outputs
 
     def _append_token(self, seq: Sequence, token: int) -> RequestOutput:
-        seq.output_ids.append(token)
+        out = seq.output_ids
+        out.append(token)
         p = seq.params
-        delta = seq.detok.push(token) if seq.detok is not None else ""
+        detok = seq.detok
+        delta = detok.push(token) if detok is not None else ""
         reason = None
-        if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_ids):
+        if (token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_ids)
+                or (detok is not None and detok.stopped)):
             reason = "stop"
-        elif seq.detok is not None and seq.detok.stopped:
-            reason = "stop"
-        elif len(seq.output_ids) >= p.max_tokens or len(seq) >= self.max_model_len:
+        elif len(out) >= p.max_tokens or len(out) + len(seq.prompt_ids) >= self.max_model_len:
             reason = "length"
         if reason is not None:
-            if seq.detok is not None:
-                delta += seq.detok.flush()
+            if detok is not None:
+                delta += detok.flush()
             self.scheduler.finish(seq, reason)
             self._seqs.pop(seq.seq_id, None)
-        seq.text += delta
+        if delta:
+            seq.text += delta
         return RequestOutput(seq.seq_id, [token], delta, reason is not None, reason)
 
     # -- scoring -------------------------------------------------------------------------------

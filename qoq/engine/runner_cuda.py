@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from qoq.engine.batch import StepInput
 from qoq.engine.cuda_ops import KernelOps, ReferenceOps, fuse_w4a8
+from qoq.engine.decode_inputs import DecodeInputs
 from qoq.engine.fp8_linear import Fp8Linear
 from qoq.engine.model_loading import artifact_format, kv_cache, rope_tables
 from qoq.executor.build import load_artifact_model
@@ -217,10 +218,9 @@ class CudaRunner:
         singles = None
         one = [j for j, c in enumerate(step.chunks) if c.num_tokens == 1]
         if one:
-            sub = StepInput([], [], [], [step.chunks[j] for j in one])
-            table, lens, max_len = self._tables(sub)
-            rows = torch.tensor([step.last_rows[j] for j in one], dtype=torch.int64).to(dev)
-            singles = (rows, table.to(dev), lens.to(dev), max_len)
+            last = step.last_rows
+            rows = torch.tensor([last[j] for j in one], dtype=torch.int64).to(dev)
+            singles = (rows, *self._tables(step, one))
         h = F.embedding(ids, self.embed_w)
         for i, L in enumerate(self.layers):
             q = self._write_kv(i, self._qkv(L, h), positions, slots)
@@ -231,25 +231,26 @@ class CudaRunner:
         return self._logits(h[rows]).float()
 
     def decode_inputs(self, step: StepInput, batch: int | None = None, width: int | None = None):
-        """The decode tensors of a step, padded to `batch` rows and `width` pages with the scratch page."""
+        """The decode tensors of a step, padded to `batch` rows and `width` pages with the scratch page:
+        (ids, positions, slots, page_table, seq_lens, max_seq_len), decode_forward's arguments."""
         n = len(step.chunks)
-        batch = batch or n
-        width = width or max(len(c.pages) for c in step.chunks)
-        pad = batch - n
-        ids = torch.tensor(step.token_ids + [0] * pad, dtype=torch.int64)
-        positions = torch.tensor(step.positions + [0] * pad, dtype=torch.int64)
-        slots = torch.tensor(step.slots + [self.scratch_page * ref.PAGE_TOKENS] * pad, dtype=torch.int64)
-        table, lens, max_len = self._tables(step, batch, width)
-        dev = self.device
-        return ids.to(dev), positions.to(dev), slots.to(dev), table.to(dev), lens.to(dev), max_len
+        width = width or (step.page_table.shape[1] if step.page_table is not None
+                          else max(len(c.pages) for c in step.chunks))
+        inputs = DecodeInputs(batch or n, width, self.scratch_page, self.device)
+        inputs.fill(step)
+        return (*inputs.tensors, inputs.max_seq_len)
 
-    def _tables(self, step: StepInput, batch: int | None = None, width: int | None = None):
-        """-> (page table int32 [batch, width], seq_lens int32 [batch], width * 64), CPU; padded rows
-        and columns hold the scratch page, padded rows one token."""
-        batch = batch or len(step.chunks)
-        width = width or max(len(c.pages) for c in step.chunks)
-        table = torch.full((batch, width), self.scratch_page, dtype=torch.int32)
-        for r, c in enumerate(step.chunks):
-            table[r, : len(c.pages)] = torch.tensor(c.pages, dtype=torch.int32)
-        lens = [c.context_len for c in step.chunks] + [1] * (batch - len(step.chunks))
-        return table, torch.tensor(lens, dtype=torch.int32), width * ref.PAGE_TOKENS
+    def _tables(self, step: StepInput, rows: list[int]):
+        """The page table and seq_lens of chunks `rows` of a step: (int32 [len(rows), width], int32
+        [len(rows)], width * 64) on the device, past each chunk's pages the scratch page."""
+        chunks = [step.chunks[r] for r in rows]
+        lens = torch.tensor([c.context_len for c in chunks], dtype=torch.int32)
+        width = max(len(c.pages) for c in chunks)  # these chunks' own: decode attention's split plan
+        if step.page_table is not None:
+            table = torch.from_numpy(step.page_table[rows, :width])
+        else:
+            table = torch.full((len(rows), width), self.scratch_page, dtype=torch.int32)
+            for r, c in enumerate(chunks):
+                table[r, : len(c.pages)] = torch.tensor(c.pages, dtype=torch.int32)
+        dev = self.device
+        return table.to(dev), lens.to(dev), table.shape[1] * ref.PAGE_TOKENS

@@ -33,11 +33,12 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
 
 
 def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]) -> list[int]:
-    """logits [B, V] (any float dtype) -> one token id per row."""
+    """logits [B, V] (any float dtype) -> one token id per row: one argmax for every row (the greedy rows
+    keep theirs), each sampled row drawn with its own generator, one copy of the ids to the host."""
     logits = logits.float()
-    tokens = logits.argmax(-1)  # greedy rows keep these
+    tokens = logits.argmax(-1)
     for i, p in enumerate(params):
-        if p.greedy:
+        if p.temperature == 0:  # greedy
             continue
         row = filter_logits(logits[i] / p.temperature, p.top_k, p.top_p)
         probs = row.softmax(-1)

@@ -13,21 +13,19 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+from qoq.engine.batch import SeqChunk
 from qoq.engine.block_manager import BlockManager
 from qoq.engine.sequence import Sequence, Status
 
 
-@dataclass
-class ScheduledSeq:
-    seq: Sequence
-    start: int  # first position fed this step (= tokens already in the cache)
-    num_tokens: int
-    slots: list[int]
+@dataclass(slots=True)
+class ScheduledSeq(SeqChunk):
+    """A sequence's chunk of this step (start, num_tokens, pages: what the runner reads), and what the
+    engine needs besides."""
 
-    @property
-    def samples(self) -> bool:
-        """This chunk reaches the sequence's end: its last logits give the next token."""
-        return self.start + self.num_tokens == len(self.seq)
+    seq: Sequence
+    slots: list[int]
+    samples: bool  # this chunk reaches the sequence's end: its last logits give the next token
 
 
 class Scheduler:
@@ -58,7 +56,7 @@ class Scheduler:
     def finish(self, seq: Sequence, reason: str) -> None:
         """Drop a sequence (finished or aborted) and free its pages."""
         self.blocks.free(seq.seq_id)
-        if seq in self.running:
+        if seq.status is Status.RUNNING:  # exactly the sequences in self.running
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
@@ -66,33 +64,40 @@ class Scheduler:
 
     def schedule(self) -> list[ScheduledSeq]:
         budget = self.max_num_batched_tokens
+        blocks = self.blocks
+        pages = blocks.page_lists
         out: list[ScheduledSeq] = []
         preempted = False
         for seq in list(self.running):
             if budget == 0:
                 break
-            if seq not in self.running:  # preempted below to make room for an older one
+            if seq.status is not Status.RUNNING:  # preempted below to make room for an older one
                 continue
-            n = min(seq.num_uncomputed, budget)
-            while not self.blocks.can_allocate(seq.seq_id, n):
+            start, end = seq.num_computed, len(seq)
+            n = min(end - start, budget)
+            slots = blocks.grow(seq.seq_id, n)
+            while slots is None:
                 victim = self.running[-1]
                 self.preempt(victim)
                 preempted = True
                 if victim is seq:
                     break
-            if seq.status != Status.RUNNING:
+                slots = blocks.grow(seq.seq_id, n)
+            if slots is None:
                 continue
-            out.append(ScheduledSeq(seq, seq.num_computed, n, self.blocks.allocate(seq.seq_id, n)))
+            out.append(ScheduledSeq(start, n, pages[seq.seq_id], seq, slots, start + n == end))
             budget -= n
         while self.waiting and budget > 0 and not preempted and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            n = min(seq.num_uncomputed, budget)
-            if not self.blocks.can_allocate(seq.seq_id, n):
+            start, end = seq.num_computed, len(seq)
+            n = min(end - start, budget)
+            if not blocks.can_allocate(seq.seq_id, n):
                 break
             self.waiting.popleft()
             seq.status = Status.RUNNING
             self.running.append(seq)
-            out.append(ScheduledSeq(seq, seq.num_computed, n, self.blocks.allocate(seq.seq_id, n)))
+            slots = blocks.allocate(seq.seq_id, n)
+            out.append(ScheduledSeq(start, n, pages[seq.seq_id], seq, slots, start + n == end))
             budget -= n
         return out
 

@@ -39,6 +39,21 @@ class Sequence:
     def all_ids(self) -> list[int]:
         return self.prompt_ids + self.output_ids
 
+    def token(self, i: int) -> int:
+        """all_ids[i] without building all_ids."""
+        prompt = self.prompt_ids
+        return prompt[i] if i < len(prompt) else self.output_ids[i - len(prompt)]
+
+    def tokens(self, start: int, end: int) -> list[int]:
+        """all_ids[start:end] without building all_ids."""
+        prompt = self.prompt_ids
+        n = len(prompt)
+        if start >= n:
+            return self.output_ids[start - n : end - n]
+        if end <= n:
+            return prompt[start:end]
+        return prompt[start:] + self.output_ids[: end - n]
+
     def __len__(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)
 
@@ -51,7 +66,7 @@ class Sequence:
         return self.status == Status.FINISHED
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestOutput:
     """What one step produced for one request."""
 

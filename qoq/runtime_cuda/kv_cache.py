@@ -68,10 +68,18 @@ class PageTable:
     def append(self, seq_id: int, num_tokens: int = 1) -> list[int]:
         """Grow a sequence by num_tokens; returns the new tokens' slots. Raises when pages run out
         (nothing is allocated then)."""
-        if seq_id not in self._pages:
+        pages = self._pages.get(seq_id)
+        if pages is None:
             raise KeyError(f"unknown sequence {seq_id}")
         start = self._lens[seq_id]
-        pages = self._pages[seq_id]
+        if num_tokens == 1:  # a decode step: one slot, a new page every PAGE_TOKENS tokens
+            page, offset = divmod(start, PAGE_TOKENS)
+            if page == len(pages):
+                if not self._free:
+                    raise MemoryError(f"sequence {seq_id} needs 1 more page, 0 free")
+                pages.append(self._free.pop())
+            self._lens[seq_id] = start + 1
+            return [pages[page] * PAGE_TOKENS + offset]
         needed = pages_for(start + num_tokens) - len(pages)
         if needed > len(self._free):
             raise MemoryError(f"sequence {seq_id} needs {needed} more pages, {len(self._free)} free")

@@ -46,6 +46,27 @@ def test_decode_inputs_pad_with_the_scratch_page(make_engine, tiny_w4):
     assert table.tolist() == [[2, 1, s, s], [0, s, s, s], [s] * 4, [s] * 4] and max_len == 256
 
 
+def test_decode_inputs_refilled_by_a_smaller_step_pad_again():
+    """A graph's static inputs are refilled every step: rows a larger step used are padding again, and the
+    block manager's page rows (StepInput.page_table) give what the page lists give."""
+    import numpy as np
+
+    from qoq.engine.batch import SeqChunk, StepInput
+    from qoq.engine.decode_inputs import DecodeInputs
+
+    s = 9
+    inputs = DecodeInputs(4, 4, s, "cpu")
+    chunks = [SeqChunk(70, 1, [2, 1]), SeqChunk(3, 1, [0]), SeqChunk(130, 1, [3, 4, 5])]
+    inputs.fill(StepInput([5, 6, 7], [70, 3, 130], [70, 3, 322], chunks))
+    ids, pos, slots, table, lens = inputs.tensors
+    assert ids.tolist() == [5, 6, 7, 0] and lens.tolist() == [71, 4, 131, 1]
+    assert table.tolist() == [[2, 1, s, s], [0, s, s, s], [3, 4, 5, s], [s] * 4]
+    inputs.fill(StepInput([8], [4], [4], [SeqChunk(4, 1, [0])], np.array([[0]], dtype=np.int32)))
+    assert ids.tolist() == [8, 0, 0, 0] and pos.tolist() == [4, 0, 0, 0] and lens.tolist() == [5, 1, 1, 1]
+    assert slots.tolist() == [4, s * 64, s * 64, s * 64]
+    assert table.tolist() == [[0, s, s, s]] + [[s] * 4] * 3 and inputs.max_seq_len == 256
+
+
 @pytest.mark.parametrize("pages,expected", [(1, 1), (2, 2), (3, 4), (5, 8)])
 def test_graph_buckets(pages, expected):
 

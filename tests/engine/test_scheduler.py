@@ -104,3 +104,26 @@ def test_fcfs_no_starvation_of_a_long_prompt():
         assert [x[0] for x in run_step(sched)] == [0]  # nobody overtakes the long prompt
     sched.finish(short, "length")
     assert run_step(sched) == [(1, 0, 250)]
+
+
+def test_page_rows_mirror_every_sequence_pages():
+    """page_table gathers the block manager's int32 rows: each sequence's pages, the scratch page past
+    them, a freed row reset (rows and width grow as sequences arrive and lengthen)."""
+    bm = BlockManager(40)
+    s = bm.scratch_page
+
+    def want(seq_ids, width):
+        return [bm.pages(i) + [s] * (width - len(bm.pages(i))) for i in seq_ids]
+
+    for i in range(10):  # more rows than the first allocation holds
+        bm.allocate(i, 1 + 70 * (i % 2))
+    assert bm.page_table([bm.rows[i] for i in (1, 0, 2)]).tolist() == want([1, 0, 2], 2)
+    for _ in range(64 * 9):  # sequence 0 grows token by token past the first width
+        bm.allocate(0, 1)
+    assert len(bm.pages(0)) == 10
+    assert bm.page_table([bm.rows[i] for i in range(10)]).tolist() == want(range(10), 10)
+    row = bm.rows[0]
+    bm.free(0)
+    bm.allocate(10, 5)
+    assert bm.rows[10] == row and bm.page_table([row]).tolist() == want([10], 1)
+    assert bm.grow(10, 64 * 40) is None and bm.pages(10) == bm.page_rows[row, :1].tolist()  # nothing taken
