@@ -10,24 +10,32 @@ from qoq.runtime_cuda import attention_reference, reference
 
 
 class ReferenceOps:
+    """`dtype`: the activations' dtype. float16 is the kernels' contract; float32 keeps every value the
+    kernels round to fp16 (norm and MLP outputs before their quantization, GEMM outputs, q/k/v before RoPE
+    and KV4) in fp32, which makes the CUDA runner's data flow compute the reference runner's numbers."""
+
     tiled = False
+
+    def __init__(self, dtype: torch.dtype = torch.float16):
+        self.dtype = dtype
 
     def tiles_for(self, m: int, group: int) -> bool:
         return False
 
     def rmsnorm_quant(self, x, weight, eps, sums, tiles):
-        return reference.reference_rmsnorm_quant(x, weight, eps, sums)
+        return reference.reference_rmsnorm_quant(x, weight, eps, sums, self.dtype)
 
     def quant_tokens(self, x, sums, tiles):
         return reference.reference_quant(x, sums)
 
     def silu_mul_quant(self, gate, up, sums, tiles):
-        return reference.reference_silu_mul_quant(gate, up, sums)
+        return reference.reference_silu_mul_quant(gate, up, sums, self.dtype)
 
     def gemm(self, linear, qx, s_x, sums):
         return reference.reference_gemm(
             qx, s_x, linear.qweight, linear.s1_scales, s2_scales=linear.s2_scales, s2_zeros=linear.s2_zeros,
-            s1_szeros=linear.s1_szeros, xsum=sums if linear.per_channel else None, bias=linear.bias)
+            s1_szeros=linear.s1_szeros, xsum=sums if linear.per_channel else None, bias=linear.bias,
+            out_dtype=self.dtype)
 
     def rope_kv4_write(self, qkv, positions, slots, cos, sin, k_pages, v_pages, hq, hkv):
         return attention_reference.rope_kv4_write(qkv, positions, slots, cos, sin, k_pages, v_pages, hq, hkv)

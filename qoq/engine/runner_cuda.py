@@ -13,7 +13,11 @@ the pages (dequantized KV4), which is what `qoq eval` computes (the executor fak
 before attention), and keeps chunked prefill and recomputation exact.
 
 `ops="reference"` swaps every kernel for its pure-torch reference (any device): the CPU tests run the
-runner's whole data flow that way.
+runner's whole data flow that way. With it, `dtype=torch.float32` keeps the activations in fp32 where the
+kernels round them to fp16: the same data flow then computes the reference runner's numbers bit for bit
+(tests/engine/test_flows_agree.py), which separates a data-flow bug from fp16 rounding. On a W4A8KV4 model
+the rounding alone moves logits far more than its size suggests: an INT8 activation or KV4 code it flips
+moves the output by a whole quantization step (docs/engine.md, Numerics).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from qoq.runtime_cuda.reference import rmsnorm_fp16
 
 ACTIVATION_RESERVE = 2 << 30  # bytes left free beside the KV pages (activations, graphs, logits)
 QUANTIZATIONS = ("fp8",)  # `quantization=`: weights quantized at load from an fp16 artifact
+DTYPES = (torch.float16, torch.float32)  # activations: fp16 (the kernels), fp32 (ops="reference" only)
 
 
 class _Fp16Linear:
@@ -53,7 +58,7 @@ class _Layer:
 
     def __init__(self, block, quantized: bool, fp8: bool = False, kernel: bool = True):
         attn, mlp = block.self_attn, block.mlp
-        self.ln1, self.ln2 = block.input_layernorm.weight.half(), block.post_attention_layernorm.weight.half()
+        self.ln1, self.ln2 = block.input_layernorm.weight, block.post_attention_layernorm.weight
         self.eps = block.input_layernorm.eps
         if quantized:
             self.qkv = fuse_w4a8([attn.q_proj, attn.k_proj, attn.v_proj])
@@ -74,11 +79,18 @@ class CudaRunner:
     def __init__(self, artifact_dir: str | Path, kv_budget: int | None = None, kv_fraction: float = 0.9,
                  device: str = "cuda", ops: str = "kernels", cuda_graphs: bool = True,
                  graph_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256),
-                 max_model_len: int | None = None, quantization: str | None = None):
+                 max_model_len: int | None = None, quantization: str | None = None,
+                 dtype: torch.dtype = torch.float16):
         if quantization is not None and quantization not in QUANTIZATIONS:
             raise ValueError(f"unknown quantization {quantization!r} (fp8, or none: the artifact's own weights)")
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be torch.float16 or torch.float32, got {dtype}")
+        if dtype != torch.float16 and (ops == "kernels" or quantization is not None):
+            raise ValueError("dtype=torch.float32 runs the torch references only (ops='reference', no quantization): "
+                             "the kernels take fp16 activations")
         self.device = torch.device(device)
-        lm, art = load_artifact_model(artifact_dir, backend="cuda", device=device, dtype=torch.float16)
+        self.dtype = dtype
+        lm, art = load_artifact_model(artifact_dir, backend="cuda", device=device, dtype=dtype)
         cfg = self.config = lm.config
         self.quantized = any(n.endswith(".qweight") for n in art.tensors)
         if quantization is not None and self.quantized:
@@ -86,7 +98,7 @@ class CudaRunner:
                              f"{artifact_dir} already holds W4A8 weights")
         self.quantization = quantization
         self.kv4 = artifact_format(art).kv_bits == 4
-        self.ops = KernelOps() if ops == "kernels" else ReferenceOps()
+        self.ops = KernelOps() if ops == "kernels" else ReferenceOps(dtype)
         self.hq, self.hkv, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         kernel = ops == "kernels" and self.device.type == "cuda"
         self.layers = [_Layer(b, self.quantized, quantization == "fp8", kernel) for b in lm.layers]
@@ -103,7 +115,7 @@ class CudaRunner:
             torch.cuda.empty_cache()
             free, _ = torch.cuda.mem_get_info(self.device)
             kv_budget = max(0, int(free * kv_fraction) - ACTIVATION_RESERVE)
-        self.cache = kv_cache(cfg, self.kv4, kv_budget, torch.float16, device)
+        self.cache = kv_cache(cfg, self.kv4, kv_budget, dtype, device)
         self.num_pages = self.cache.num_pages
         self.scratch_page = self.num_pages - 1  # the BlockManager never hands it out
         self.graphs = None
@@ -141,7 +153,7 @@ class CudaRunner:
         """A sequence's cached K/V -> [Hkv, L, D] in the activations' dtype."""
         if not self.kv4:
             return self.cache.read(i, page_ids, length)
-        return tuple(dequantize_kv(*ref.read_kv4(pool, page_ids, length, self.hkv, self.d), dtype=torch.float16)
+        return tuple(dequantize_kv(*ref.read_kv4(pool, page_ids, length, self.hkv, self.d), dtype=self.dtype)
                      for pool in (self.cache.k_pages(i), self.cache.v_pages(i)))
 
     def _prefill_attention(self, i: int, q: torch.Tensor, step: StepInput, pages, singles) -> torch.Tensor:
@@ -172,7 +184,7 @@ class CudaRunner:
         attn = attn.reshape(t, self.hq * self.d)
         if not self.quantized:
             h = h + L.o(attn)
-            gu = L.gate_up(rmsnorm_fp16(h, L.ln2, L.eps))
+            gu = L.gate_up(rmsnorm_fp16(h, L.ln2, L.eps, self.dtype))
             act = F.silu(gu[:, : L.intermediate]) * gu[:, L.intermediate :]
             return h + L.down(act)
         ops = self.ops
@@ -184,16 +196,16 @@ class CudaRunner:
 
     def _qkv(self, L: _Layer, h: torch.Tensor) -> torch.Tensor:
         if not self.quantized:
-            return L.qkv(rmsnorm_fp16(h, L.ln1, L.eps))
+            return L.qkv(rmsnorm_fp16(h, L.ln1, L.eps, self.dtype))
         tiles = self.ops.tiles_for(h.shape[0], L.qkv.group_size)
         return self.ops.gemm(L.qkv, *self.ops.rmsnorm_quant(h, L.ln1, L.eps, L.qkv.sums, tiles))
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
-        return F.linear(rmsnorm_fp16(h, self.norm_w, self.eps), self.head_w)
+        return F.linear(rmsnorm_fp16(h, self.norm_w, self.eps, self.dtype), self.head_w)
 
     def decode_forward(self, ids, positions, slots, page_table, seq_lens, max_seq_len: int) -> torch.Tensor:
         """One token per sequence, static shapes (what a CUDA graph captures): ids/positions/slots int64
-        [B], page_table int32 [B, P], seq_lens int32 [B] -> logits fp16 [B, V]."""
+        [B], page_table int32 [B, P], seq_lens int32 [B] -> logits [B, V] in the activations' dtype."""
         h = F.embedding(ids, self.embed_w)
         for i, L in enumerate(self.layers):
             q = self._write_kv(i, self._qkv(L, h), positions, slots)

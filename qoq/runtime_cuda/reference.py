@@ -132,23 +132,27 @@ def reference_quant(x: torch.Tensor, sums: str | None = None):
     return _quantize_with_sums(x, sums)
 
 
-def rmsnorm_fp16(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """§3.5 RMSNorm in fp32, rounded to fp16: the GEMM input rmsnorm_quant quantizes."""
+def rmsnorm_fp16(x: torch.Tensor, weight: torch.Tensor, eps: float, dtype: torch.dtype = torch.float16) -> torch.Tensor:
+    """§3.5 RMSNorm in fp32, rounded to fp16: the GEMM input rmsnorm_quant quantizes. `dtype` float32 keeps
+    the fp32 values (the executor's RMSNorm; the CUDA runner's data flow without its fp16 roundings)."""
     x32 = x.float()
     inv_rms = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)  # [..., 1]
-    return (x32 * inv_rms * weight.float()).half()
+    return (x32 * inv_rms * weight.float()).to(dtype)
 
 
-def silu_mul_fp16(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """fp16(fp16(silu(gate)) · up), as an fp16 MLP computes it: the GEMM input silu_mul_quant quantizes."""
-    return F.silu(gate.half()) * up.half()
+def silu_mul_fp16(gate: torch.Tensor, up: torch.Tensor, dtype: torch.dtype = torch.float16) -> torch.Tensor:
+    """fp16(fp16(silu(gate)) · up), as an fp16 MLP computes it: the GEMM input silu_mul_quant quantizes
+    (`dtype` float32: the executor's fp32 MLP product)."""
+    return F.silu(gate.to(dtype)) * up.to(dtype)
 
 
-def reference_rmsnorm_quant(x: torch.Tensor, weight: torch.Tensor, eps: float, sums: str | None = None):
-    """rmsnorm_fp16, then §3.3."""
-    return _quantize_with_sums(rmsnorm_fp16(x, weight, eps), sums)
+def reference_rmsnorm_quant(x: torch.Tensor, weight: torch.Tensor, eps: float, sums: str | None = None,
+                            dtype: torch.dtype = torch.float16):
+    """rmsnorm_fp16, then §3.3 (the kernel: `dtype` float16)."""
+    return _quantize_with_sums(rmsnorm_fp16(x, weight, eps, dtype), sums)
 
 
-def reference_silu_mul_quant(gate: torch.Tensor, up: torch.Tensor, sums: str | None = None):
-    """silu_mul_fp16, then §3.3."""
-    return _quantize_with_sums(silu_mul_fp16(gate, up), sums)
+def reference_silu_mul_quant(gate: torch.Tensor, up: torch.Tensor, sums: str | None = None,
+                             dtype: torch.dtype = torch.float16):
+    """silu_mul_fp16, then §3.3 (the kernel: `dtype` float16)."""
+    return _quantize_with_sums(silu_mul_fp16(gate, up, dtype), sums)
