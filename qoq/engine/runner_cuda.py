@@ -65,8 +65,8 @@ class _Layer:
             self.gate_up = fuse_w4a8([mlp.gate_proj, mlp.up_proj])
             self.o, self.down = attn.o_proj, mlp.down_proj
         else:
-            cat = lambda ms, name: None if getattr(ms[0], name) is None else torch.cat([getattr(m, name) for m in ms])  # noqa: E731
-            linear = (lambda w, b: Fp8Linear.from_fp16(w, b, kernel)) if fp8 else _Fp16Linear  # noqa: E731
+            cat = lambda ms, name: None if getattr(ms[0], name) is None else torch.cat([getattr(m, name) for m in ms])
+            linear = (lambda w, b: Fp8Linear.from_fp16(w, b, kernel)) if fp8 else _Fp16Linear
             qkv, gate_up = [attn.q_proj, attn.k_proj, attn.v_proj], [mlp.gate_proj, mlp.up_proj]
             self.qkv = linear(cat(qkv, "weight"), cat(qkv, "bias"))
             self.gate_up = linear(cat(gate_up, "weight"), cat(gate_up, "bias"))

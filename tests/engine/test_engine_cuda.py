@@ -84,19 +84,27 @@ def test_batch_invariance_on_gpu(make_engine, cuda_w4):
 
 
 @pytest.mark.slow
-def test_smollm2_w4a8kv4_gpu_vs_cpu(make_engine, tmp_path_factory, shared_data):
+def test_smollm2_w4a8kv4_served_perplexity_on_gpu(tmp_path_factory, shared_data):
+    """SmolLM2 W4A8KV4 on the kernels against the executor, by perplexity: greedy tokens of an fp16 and an
+    fp32 computation of this model part at top-2 gaps of whole logits, whatever the implementation (an
+    fp16 rounding that flips an INT8 activation or KV4 code moves the output a whole quantization step);
+    the data flows themselves are checked bit-exact on the CPU (test_flows_agree.py)."""
+    import math
+
+    from qoq.eval.runner import evaluate_task
     from qoq.passes.pipeline import quantize_model
     from qoq.recipe import load_recipe
+    from tests.engine.test_flows_agree import SMOL_NLL_TOL
 
     art = tmp_path_factory.mktemp("smol_w4") / "w4"
     quantize_model("smollm2-135m", load_recipe("w4a8kv4g64-rtn"), art, data_dir=shared_data, show_progress=False)
-    prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time,", "1, 2, 3, 4,"]
-    params = SamplingParams(max_tokens=32, ignore_eos=True)
-    cpu = make_engine(art, kv_budget=64 << 20, record_logits=True).generate(prompts, params)
-    gpu = make_engine(art, backend="cuda", kv_budget=256 << 20, record_logits=True).generate(prompts, params)
-    for c, g in zip(cpu, gpu):
-        assert_same_until_near_tie(c, g, margin=1e-3)
-    assert torch.cuda.is_available()
+    common = {"windows": 4, "data_dir": shared_data, "show_progress": False, "seq_len": 256}
+    served = evaluate_task("wikitext2", str(art), backend="cuda", **common)
+    evaluated = evaluate_task("wikitext2", str(art), backend="reference", **common)
+    delta = math.log(served["ppl"]) - math.log(evaluated["ppl"])
+    print(f"SmolLM2 W4A8KV4: ppl served (kernels) {served['ppl']:.4f} evaluated {evaluated['ppl']:.4f}: "
+          f"mean NLL {delta:+.4f} nats")
+    assert abs(delta) < SMOL_NLL_TOL
 
 
 @pytest.mark.parametrize("recipe", ["w4a8kv4g64-rtn", "fp16"])

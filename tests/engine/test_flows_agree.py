@@ -18,7 +18,7 @@ import torch
 from qoq.engine import SamplingParams
 from tests.engine.engine_support import PROMPTS
 
-FP32_FLOW = dict(backend="cuda", device="cpu", ops="reference", dtype=torch.float32, record_logits=True)
+FP32_FLOW = {"backend": "cuda", "device": "cpu", "ops": "reference", "dtype": torch.float32, "record_logits": True}
 
 
 def _assert_same_outputs(got, want, exact=True):
@@ -46,9 +46,9 @@ def test_fp32_data_flow_is_the_reference_runner(make_engine, tiny_w4, tiny_fp16,
 
 
 @pytest.mark.parametrize("options,match", [
-    (dict(dtype=torch.bfloat16), "dtype must be torch.float16 or torch.float32"),
-    (dict(dtype=torch.float32), "runs the torch references only"),  # ops="kernels"
-    (dict(dtype=torch.float32, ops="reference", quantization="fp8"), "runs the torch references only"),
+    ({"dtype": torch.bfloat16}, "dtype must be torch.float16 or torch.float32"),
+    ({"dtype": torch.float32}, "runs the torch references only"),  # ops="kernels"
+    ({"dtype": torch.float32, "ops": "reference", "quantization": "fp8"}, "runs the torch references only"),
 ])
 def test_fp32_needs_the_reference_ops(tiny_w4, options, match):
     from qoq.engine.runner_cuda import CudaRunner
@@ -97,9 +97,9 @@ def test_smollm2_fp16_data_flow_perplexity(smollm2_w4, shared_data):
     """What is served (fp16 activations, `qoq eval --backend cuda`'s data flow) against what is evaluated."""
     from qoq.eval.runner import evaluate_task
 
-    common = dict(windows=4, data_dir=shared_data, show_progress=False, seq_len=256)
+    common = {"windows": 4, "data_dir": shared_data, "show_progress": False, "seq_len": 256}
     served = evaluate_task("wikitext2", str(smollm2_w4), backend="cuda",
-                           engine_options=dict(device="cpu", ops="reference"), **common)
+                           engine_options={"device": "cpu", "ops": "reference"}, **common)
     evaluated = evaluate_task("wikitext2", str(smollm2_w4), backend="reference", **common)
     delta = math.log(served["ppl"]) - math.log(evaluated["ppl"])
     print(f"ppl served {served['ppl']:.4f} evaluated {evaluated['ppl']:.4f}: mean NLL {delta:+.4f} nats")
