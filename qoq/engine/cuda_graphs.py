@@ -76,6 +76,23 @@ class DecodeGraphs:
         self.pool = graph.pool()
         self.graphs[(batch, pages)] = (graph, inputs, logits)
 
+    def page_buckets(self) -> list[int]:
+        return sorted({self.bucket(1, p)[1] for p in range(1, self.max_pages + 1)})
+
+    def capture_every(self, max_batch: int) -> int:
+        """Capture every (batch bucket, page bucket) a decode step of up to `max_batch` sequences can
+        meet, largest first; -> graphs captured. A server does this before it serves: a bucket met for the
+        first time mid-serving stalls every running request for its capture (two eager forwards and the
+        capture itself)."""
+        top = self.bucket(min(max_batch, self.batch_sizes[-1]), 1)[0]
+        n = 0
+        for b in reversed([b for b in self.batch_sizes if b <= top]):
+            for p in reversed(self.page_buckets()):
+                if (b, p) not in self.graphs:
+                    self.capture(b, p)
+                    n += 1
+        return n
+
     def capture_all(self, pages: int = 1) -> None:
         """Capture every batch bucket at one page bucket up front (largest first: its pool serves the rest)."""
         for b in reversed(self.batch_sizes):

@@ -5,6 +5,7 @@ runner's data flow is tested on the CPU and its numbers on the GPU."""
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from qoq.runtime_cuda import attention_reference, reference
 
@@ -46,6 +47,21 @@ class ReferenceOps:
     def decode_attention_fp16(self, q, k_pool, v_pool, page_table, seq_lens, max_seq_len):
         return attention_reference.decode_attention_fp16(q, k_pool, v_pool, page_table, seq_lens)
 
+    def chunk_attention(self, q, k, v, plan):
+        """Per chunk, SDPA under an explicit bottom-right causal mask (the reference runner's own call)."""
+        out = torch.empty_like(q)
+        qlo = klo = 0
+        for q_len, k_len in zip(plan.q_lens, plan.k_lens):
+            qhi, khi = qlo + q_len, klo + k_len
+            kc, vc = (x[klo:khi].transpose(0, 1).contiguous()[None] for x in (k, v))
+            keys = torch.arange(k_len, device=q.device)
+            mask = keys[None, :] <= torch.arange(k_len - q_len, k_len, device=q.device)[:, None]
+            o = F.scaled_dot_product_attention(q[qlo:qhi].transpose(0, 1)[None], kc, vc, attn_mask=mask,
+                                               enable_gqa=True)
+            out[qlo:qhi] = o[0].transpose(0, 1)
+            qlo, klo = qhi, khi
+        return out
+
 
 class KernelOps:
     """The CUDA kernels (imported on construction: needs a GPU and builds the extensions)."""
@@ -80,6 +96,9 @@ class KernelOps:
 
     def decode_attention_fp16(self, q, k_pool, v_pool, page_table, seq_lens, max_seq_len):
         return self._attention.decode_attention_fp16(q, k_pool, v_pool, page_table, seq_lens, max_seq_len)
+
+    def chunk_attention(self, q, k, v, plan):
+        return self._attention.chunk_attention(q, k, v, plan.cu_q, plan.cu_k, plan.max_q, plan.max_k)
 
 
 def fuse_w4a8(linears):

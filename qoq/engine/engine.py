@@ -63,6 +63,12 @@ class LLMEngine:
         self._lock = threading.RLock()
         self.stats = {"steps": 0, "forward_s": 0.0, "prefill_tokens": 0, "decode_tokens": 0}
 
+    def capture_graphs(self) -> int:
+        """Capture every decode CUDA graph the scheduler's batches can use now (a server's warm-up;
+        otherwise each is captured on first use) -> graphs captured (0 without graphs)."""
+        graphs = getattr(self.runner, "graphs", None)
+        return 0 if graphs is None else graphs.capture_every(self.scheduler.max_num_seqs)
+
     # -- requests ------------------------------------------------------------------------------
     def encode(self, prompt: str) -> list[int]:
         if self.tokenizer is None:

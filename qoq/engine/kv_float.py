@@ -31,6 +31,10 @@ class FloatKVCache:
         k, v = (self.storage[layer, i][page_ids].flatten(0, 1)[:length].transpose(0, 1) for i in (0, 1))
         return k, v
 
+    def gather(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The tokens at `slots` int64 [T] -> k, v [T, H_kv, D]."""
+        return tuple(self.storage[layer, i].view(-1, self.num_kv_heads, self.head_dim)[slots] for i in (0, 1))
+
     def pools(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """One layer's K and V pools [num_pages, 64, H_kv, D] (views; what decode attention reads)."""
         return self.storage[layer, 0], self.storage[layer, 1]

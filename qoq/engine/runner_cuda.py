@@ -32,6 +32,7 @@ from qoq.engine.cuda_ops import KernelOps, ReferenceOps, fuse_w4a8
 from qoq.engine.decode_inputs import DecodeInputs
 from qoq.engine.fp8_linear import Fp8Linear
 from qoq.engine.model_loading import artifact_format, kv_cache, rope_tables
+from qoq.engine.prefill_inputs import PrefillInputs, prefill_inputs
 from qoq.executor.build import load_artifact_model
 from qoq.quant.kv import dequantize_kv
 from qoq.runtime_cuda import attention_reference as ref
@@ -149,33 +150,25 @@ class CudaRunner:
                                              max_seq_len)
         return self.ops.decode_attention_fp16(q, *self.cache.pools(i), page_table, seq_lens, max_seq_len)
 
-    def _context(self, i: int, page_ids: torch.Tensor, length: int):
-        """A sequence's cached K/V -> [Hkv, L, D] in the activations' dtype."""
+    def _context(self, i: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cached K/V at `slots` int64 [T] -> k, v [T, Hkv, D] in the activations' dtype."""
         if not self.kv4:
-            return self.cache.read(i, page_ids, length)
-        return tuple(dequantize_kv(*ref.read_kv4(pool, page_ids, length, self.hkv, self.d), dtype=self.dtype)
+            return self.cache.gather(i, slots)
+        return tuple(dequantize_kv(*ref.read_kv4_slots(pool, slots, self.hkv, self.d), dtype=self.dtype)
                      for pool in (self.cache.k_pages(i), self.cache.v_pages(i)))
 
-    def _prefill_attention(self, i: int, q: torch.Tensor, step: StepInput, pages, singles) -> torch.Tensor:
+    def _prefill_attention(self, i: int, q: torch.Tensor, plan: PrefillInputs | None, singles) -> torch.Tensor:
         """Chunks of one token (decodes in a mixed batch) through decode attention, as in decode steps
-        (so a sequence's numbers do not depend on what it is batched with); longer chunks through SDPA."""
+        (so a sequence's numbers do not depend on what it is batched with); longer chunks together over
+        their contexts read back from the pages (prefill_inputs.py)."""
+        if singles is None and plan.q_rows is None:
+            return self.ops.chunk_attention(q, *self._context(i, plan.context_slots), plan)
         out = torch.empty_like(q)
         if singles is not None:
             rows, table, lens, max_len = singles
             out[rows] = self._decode_attention(i, q[rows], table, lens, max_len)
-        lo = 0
-        for chunk, page_ids in zip(step.chunks, pages):
-            hi = lo + chunk.num_tokens
-            if chunk.num_tokens == 1:
-                lo = hi
-                continue
-            k, v = self._context(i, page_ids, chunk.context_len)
-            key_pos = torch.arange(chunk.context_len, device=q.device)
-            mask = key_pos[None, :] <= torch.arange(chunk.start, chunk.context_len, device=q.device)[:, None]
-            o = F.scaled_dot_product_attention(q[lo:hi].transpose(0, 1)[None], k[None], v[None], attn_mask=mask,
-                                               enable_gqa=True)
-            out[lo:hi] = o[0].transpose(0, 1)
-            lo = hi
+        if plan is not None:
+            out[plan.q_rows] = self.ops.chunk_attention(q[plan.q_rows], *self._context(i, plan.context_slots), plan)
         return out
 
     # -- the layer loop ------------------------------------------------------------------------
@@ -226,7 +219,7 @@ class CudaRunner:
         dev = self.device
         ids, positions, slots = (torch.tensor(x, dtype=torch.int64).to(dev, non_blocking=True)
                                  for x in (step.token_ids, step.positions, step.slots))
-        pages = [torch.tensor(c.pages, dtype=torch.int64).to(dev, non_blocking=True) for c in step.chunks]
+        plan = prefill_inputs(step, dev)
         singles = None
         one = [j for j, c in enumerate(step.chunks) if c.num_tokens == 1]
         if one:
@@ -236,7 +229,7 @@ class CudaRunner:
         h = F.embedding(ids, self.embed_w)
         for i, L in enumerate(self.layers):
             q = self._write_kv(i, self._qkv(L, h), positions, slots)
-            h = self._mlp_and_o(L, h, self._prefill_attention(i, q, step, pages, singles))
+            h = self._mlp_and_o(L, h, self._prefill_attention(i, q, plan, singles))
         if return_all_logits:
             return self._logits(h).float()
         rows = torch.tensor(step.last_rows, dtype=torch.int64).to(dev, non_blocking=True)

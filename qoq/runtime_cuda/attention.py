@@ -213,3 +213,14 @@ def prefill_attention(q, k, v, seq_lens: list[int], scale: float | None = None) 
     cu = torch.tensor([0, *itertools.accumulate(seq_lens)], dtype=torch.int32).to(q.device, non_blocking=True)
     n = max(seq_lens)
     return torch.ops.aten._flash_attention_forward(q, k, v, cu, cu, n, n, 0.0, True, False, scale=scale)[0]
+
+
+def chunk_attention(q, k, v, cu_q: torch.Tensor, cu_k: torch.Tensor, max_q: int, max_k: int,
+                    scale: float | None = None) -> torch.Tensor:
+    """Causal attention of packed prefill chunks over their packed contexts: q [Tq, Hq, D], k/v [Tk, Hkv, D]
+    fp16, cu_q/cu_k int32 [n + 1] on the device; chunk i's q_len queries are the last of its k_len keys
+    (the mask aligned bottom right, as flash-attention does when the lengths differ) -> [Tq, Hq, D].
+    torch's flash-attention variable-length kernel: GQA native, no padding, one launch for the step."""
+    same_device("q", q, k=k, v=v, cu_q=cu_q, cu_k=cu_k)
+    return torch.ops.aten._flash_attention_forward(q, k, v, cu_q, cu_k, max_q, max_k, 0.0, True, False,
+                                                   scale=scale)[0]

@@ -78,6 +78,14 @@ def read_kv4(pages: torch.Tensor, page_ids: torch.Tensor, length: int, num_kv_he
     return q, s, z
 
 
+def read_kv4_slots(pages: torch.Tensor, slots: torch.Tensor, num_kv_heads: int, head_dim: int):
+    """The tokens at `slots` int64 [T] (any pages, any order) -> (codes uint8 [T, H, D], scale fp16
+    [T, H, 1], zero fp16 [T, H, 1]): read_kv4's values, token-major, in one gather per tensor."""
+    codes, scale, zero = page_views(pages, num_kv_heads, head_dim)
+    page, offset = slots // PAGE_TOKENS, slots % PAGE_TOKENS
+    return unpack_nibbles(codes[page, :, offset]), scale[page, :, offset][..., None], zero[page, :, offset][..., None]
+
+
 def apply_rope(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate-half RoPE: x [T, H, D], positions [T], cos/sin [max_pos, D/2] fp32 -> x's dtype.
     fp32 math, one rounding per op (the kernel matches it exactly): x1*c - x2*s, x2*c + x1*s."""

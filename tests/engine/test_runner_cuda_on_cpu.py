@@ -76,3 +76,19 @@ def test_graph_buckets(pages, expected):
     graphs.batch_sizes, graphs.max_pages = (1, 2, 4, 8), 6
     assert graphs.bucket(3, pages) == (4, min(expected, 6))
     assert graphs.bucket(9, pages) is None
+
+
+def test_capture_every_covers_each_bucket_a_step_can_meet():
+    from qoq.engine.cuda_graphs import DecodeGraphs
+
+    graphs = DecodeGraphs.__new__(DecodeGraphs)
+    graphs.batch_sizes, graphs.max_pages, graphs.graphs = (1, 2, 4, 8, 16), 6, {}
+    captured = []
+    graphs.capture = lambda b, p: (captured.append((b, p)), graphs.graphs.__setitem__((b, p), None))
+    assert graphs.page_buckets() == [1, 2, 4, 6]
+    assert graphs.capture_every(max_batch=3) == 12 and captured[0] == (4, 6)  # largest first
+    assert set(captured) == {(b, p) for b in (1, 2, 4) for p in (1, 2, 4, 6)}
+    assert graphs.capture_every(max_batch=3) == 0
+    for b in (1, 2, 4):  # every step of up to 3 sequences at up to 6 pages replays a captured graph
+        for p in range(1, 7):
+            assert graphs.bucket(min(b, 3), p) in graphs.graphs

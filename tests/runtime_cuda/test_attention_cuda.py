@@ -167,3 +167,22 @@ def test_prefill_attention_matches_reference(lens):
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device="cuda")
     out = attention.prefill_attention(q, k, v, lens)
     assert _rel(out, ref.prefill_attention(q, k, v, cu)) < 1e-3
+
+
+def test_chunk_attention_aligns_queries_bottom_right():
+    """Prefill chunks with cached context (q_len < k_len) and fresh prompts (q_len == k_len) in one call,
+    against the per-chunk SDPA under the explicit bottom-right mask (the CPU runner's reference)."""
+    from qoq.engine.cuda_ops import ReferenceOps
+    from qoq.engine.prefill_inputs import PrefillInputs
+
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    hq, hkv, dim = 12, 2, 128
+    q_lens, k_lens = [37, 200, 5, 64], [37, 700, 69, 64]
+    q = torch.randn(sum(q_lens), hq, dim, device="cuda", generator=gen).half()
+    k = torch.randn(sum(k_lens), hkv, dim, device="cuda", generator=gen).half()
+    v = torch.randn(sum(k_lens), hkv, dim, device="cuda", generator=gen).half()
+    cum = lambda xs: torch.tensor([0, *torch.tensor(xs).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    plan = PrefillInputs(None, torch.empty(0, dtype=torch.int64), q_lens, k_lens, cum(q_lens), cum(k_lens))
+    out = attention.chunk_attention(q, k, v, plan.cu_q, plan.cu_k, plan.max_q, plan.max_k)
+    expected = ReferenceOps(torch.float32).chunk_attention(q.float(), k.float(), v.float(), plan)
+    assert _rel(out, expected) < 2e-3

@@ -211,3 +211,17 @@ def test_decode_launch_plans():
     assert plan_stages(1, 8, 16, 128, sms) == 2  # B=1, split 16 ways: 128 CTAs
     assert plan_stages(1, 32, 8, 128, sms) == 2  # B=1, split 8 ways: 256 CTAs
     assert plan_stages(256, 32, 1, 64, sms) == 2  # head_dim 64: two slots only
+
+
+def test_read_kv4_slots_is_read_kv4_token_major():
+    gen = torch.Generator().manual_seed(11)
+    hkv, dim, n_pages = 3, 64, 6
+    pages = torch.randint(0, 256, (n_pages, ref.page_bytes(hkv, dim)), dtype=torch.uint8, generator=gen)
+    page_ids, length = torch.tensor([4, 1, 5]), 150
+    codes, scale, zero = ref.read_kv4(pages, page_ids, length, hkv, dim)
+    slots = (page_ids[:, None] * 64 + torch.arange(64)).flatten()[:length]
+    c2, s2, z2 = ref.read_kv4_slots(pages, slots, hkv, dim)
+    assert c2.shape == (length, hkv, dim) and s2.shape == (length, hkv, 1)
+    bits = lambda x: x.contiguous().view(torch.int16)  # random bytes: some fp16 are NaN
+    assert torch.equal(c2, codes.transpose(0, 1)) and torch.equal(bits(s2), bits(scale.transpose(0, 1)))
+    assert torch.equal(bits(z2), bits(zero.transpose(0, 1)))

@@ -1,0 +1,64 @@
+"""What every layer's prefill attention of a step shares, built once per step.
+
+A step's prefill chunks (more than one token) attend, in one varlen call, over their sequences' cached
+tokens read back from the pages: `context_slots` lists each chunk's context (its first `context_len`
+tokens, the chunk's own just written) as slots, chunk after chunk; `q_rows` the chunks' rows of the
+step's flat batch (None when every row is a prefill row). Chunks of one token are decodes: they go
+through decode attention as in decode steps, so that a sequence's numbers do not depend on its batch.
+A chunk's queries are the last `q_len` of its `k_len` keys (causal, aligned bottom right).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from qoq.engine.batch import StepInput
+from qoq.runtime_cuda.attention_reference import PAGE_TOKENS
+
+_OFFSETS = np.arange(PAGE_TOKENS, dtype=np.int64)
+
+
+@dataclass
+class PrefillInputs:
+    q_rows: torch.Tensor | None  # int64 [Tq] on the device
+    context_slots: torch.Tensor  # int64 [Tk] on the device
+    q_lens: list[int]
+    k_lens: list[int]
+    cu_q: torch.Tensor  # int32 [n + 1] on the device: cumulative q_lens
+    cu_k: torch.Tensor  # int32 [n + 1]: cumulative k_lens
+
+    @property
+    def max_q(self) -> int:
+        return max(self.q_lens)
+
+    @property
+    def max_k(self) -> int:
+        return max(self.k_lens)
+
+
+def prefill_inputs(step: StepInput, device) -> PrefillInputs | None:
+    """None when the step has no chunk of more than one token."""
+    rows, slots, q_lens, k_lens = [], [], [], []
+    end = 0
+    for c in step.chunks:
+        if c.num_tokens > 1:
+            ctx = c.context_len
+            pages = np.asarray(c.pages[: -(-ctx // PAGE_TOKENS)], dtype=np.int64)
+            slots.append((pages[:, None] * PAGE_TOKENS + _OFFSETS).ravel()[:ctx])
+            rows.append(np.arange(end, end + c.num_tokens, dtype=np.int64))
+            q_lens.append(c.num_tokens)
+            k_lens.append(ctx)
+        end += c.num_tokens
+    if not q_lens:
+        return None
+    cu = np.zeros((2, len(q_lens) + 1), dtype=np.int32)
+    np.cumsum(q_lens, out=cu[0, 1:])
+    np.cumsum(k_lens, out=cu[1, 1:])
+    dev = torch.device(device)
+    to_dev = lambda a: torch.from_numpy(a).to(dev, non_blocking=True)
+    q_rows = None if sum(q_lens) == end else to_dev(np.concatenate(rows))
+    cu_dev = to_dev(cu)
+    return PrefillInputs(q_rows, to_dev(np.concatenate(slots)), q_lens, k_lens, cu_dev[0], cu_dev[1])
