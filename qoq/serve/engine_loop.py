@@ -47,6 +47,11 @@ class RequestHandle:
         self.done = False  # set by the HTTP side once it has read the final output
 
 
+def _deliver(batch: list) -> None:
+    for handle, item in batch:
+        handle.queue.put_nowait(item)
+
+
 class EngineLoop:
     def __init__(self, engine, metrics):
         self.engine = engine
@@ -59,6 +64,7 @@ class EngineLoop:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
+        self._batch: list | None = None  # a step's (handle, item) pairs while _dispatch collects them
         self._snapshot()
 
     # -- the HTTP side ---------------------------------------------------------------------------
@@ -165,7 +171,9 @@ class EngineLoop:
         self.metrics.admitted(len(handle.prompt_ids))
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        """A step's outputs reach the event loop in one callback (one wake-up, not one per request)."""
         now = time.perf_counter()
+        self._batch = []
         for out in outputs:
             handle = self._handles.get(out.request_id)
             if handle is None:
@@ -183,6 +191,9 @@ class EngineLoop:
                 self._finish(handle, out.finish_reason or "stop", out)
             else:
                 self._push(handle, out)
+        batch, self._batch = self._batch, None
+        if batch:
+            self._call(_deliver, batch)
 
     def _finish(self, handle: RequestHandle, status: str, final) -> None:
         self._handles.pop(handle.engine_id, None)
@@ -209,8 +220,14 @@ class EngineLoop:
             self._active -= 1
 
     def _push(self, handle: RequestHandle, item) -> None:
+        if self._batch is not None:  # inside _dispatch: goes with the step's batch
+            self._batch.append((handle, item))
+        else:
+            self._call(handle.queue.put_nowait, item)
+
+    def _call(self, fn, arg) -> None:
         try:
-            self._loop.call_soon_threadsafe(handle.queue.put_nowait, item)
+            self._loop.call_soon_threadsafe(fn, arg)
         except RuntimeError:  # the event loop is closed: nobody is listening any more
             pass
 
