@@ -9,6 +9,7 @@ A second signal skips the wait.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 
@@ -20,6 +21,7 @@ from qoq.serve.metrics import Metrics
 from qoq.serve.serving import ServerState
 
 log = logging.getLogger("qoq.serve")
+SWITCH_INTERVAL_S = 0.0005
 
 
 class DrainingServer(uvicorn.Server):
@@ -66,6 +68,9 @@ def configure_logging(level: str) -> None:
 def run_server(engine, model_name: str, host: str, port: int, api_key: str | None, drain_timeout: float,
                log_level: str = "info") -> None:
     configure_logging(log_level)
+    # the engine thread and the event loop share the GIL: a step waiting to take it back from a busy loop
+    # waits up to one switch interval (5 ms by default, a whole decode step)
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     metrics = Metrics(model_name)
     state = ServerState(EngineLoop(engine, metrics), model_name, api_key)
     app = CountResponses(build_app(state, metrics), metrics)
