@@ -23,14 +23,20 @@ class ReferenceOps:
     def tiles_for(self, m: int, group: int) -> bool:
         return False
 
-    def rmsnorm_quant(self, x, weight, eps, sums, tiles):
-        return reference.reference_rmsnorm_quant(x, weight, eps, sums, self.dtype)
+    def rmsnorm_quant(self, x, weight, eps, sums, tiles, residual=None):
+        return reference.reference_rmsnorm_quant(x, weight, eps, sums, self.dtype, residual)
 
     def quant_tokens(self, x, sums, tiles):
         return reference.reference_quant(x, sums)
 
     def silu_mul_quant(self, gate, up, sums, tiles):
         return reference.reference_silu_mul_quant(gate, up, sums, self.dtype)
+
+    def rmsnorm_fp16(self, x, weight, eps, residual=None):
+        return reference.rmsnorm_fp16(x, weight, eps, self.dtype, residual)
+
+    def silu_mul_fp16(self, gate, up):
+        return reference.silu_mul_fp16(gate, up, self.dtype)
 
     def gemm(self, linear, qx, s_x, sums):
         return reference.reference_gemm(
@@ -40,6 +46,9 @@ class ReferenceOps:
 
     def rope_kv4_write(self, qkv, positions, slots, cos, sin, k_pages, v_pages, hq, hkv):
         return attention_reference.rope_kv4_write(qkv, positions, slots, cos, sin, k_pages, v_pages, hq, hkv)
+
+    def rope_kv_write_fp16(self, qkv, positions, slots, cos, sin, k_pool, v_pool, hq, hkv):
+        return attention_reference.rope_kv_write_fp16(qkv, positions, slots, cos, sin, k_pool, v_pool, hq, hkv)
 
     def decode_attention(self, q, k_pages, v_pages, page_table, seq_lens, max_seq_len):
         return attention_reference.decode_attention(q, k_pages, v_pages, page_table, seq_lens)
@@ -74,8 +83,8 @@ class KernelOps:
     def tiles_for(self, m: int, group: int) -> bool:
         return self._gemm.tiles_for(m, group)
 
-    def rmsnorm_quant(self, x, weight, eps, sums, tiles):
-        return self._quant.rmsnorm_quant(x, weight, eps, sums=sums, tiles=tiles)
+    def rmsnorm_quant(self, x, weight, eps, sums, tiles, residual=None):
+        return self._quant.rmsnorm_quant(x, weight, eps, sums=sums, tiles=tiles, residual=residual)
 
     def quant_tokens(self, x, sums, tiles):
         return self._quant.quant_tokens(x, sums=sums, tiles=tiles)
@@ -83,11 +92,23 @@ class KernelOps:
     def silu_mul_quant(self, gate, up, sums, tiles):
         return self._quant.silu_mul_quant(gate, up, sums=sums, tiles=tiles)
 
+    # the fp16 path's row kernels and RoPE write follow cuBLAS GEMMs: as programmatic dependents they are
+    # launched while the GEMM ends, and wait for it before reading anything
+    def rmsnorm_fp16(self, x, weight, eps, residual=None):
+        return self._quant.rmsnorm_fp16(x, weight, eps, residual=residual, enable_pdl=True)
+
+    def silu_mul_fp16(self, gate, up):
+        return self._quant.silu_mul_fp16(gate, up, enable_pdl=True)
+
     def gemm(self, linear, qx, s_x, sums):
         return linear.forward_quantized(qx, s_x, sums)  # W4A8 GEMM, a programmatic dependent of the quant
 
     def rope_kv4_write(self, qkv, positions, slots, cos, sin, k_pages, v_pages, hq, hkv):
         return self._attention.rope_kv4_write(qkv, positions, slots, cos, sin, k_pages, v_pages, hq, hkv)
+
+    def rope_kv_write_fp16(self, qkv, positions, slots, cos, sin, k_pool, v_pool, hq, hkv):
+        return self._attention.rope_kv_write_fp16(qkv, positions, slots, cos, sin, k_pool, v_pool, hq, hkv,
+                                                  enable_pdl=True)
 
     def decode_attention(self, q, k_pages, v_pages, page_table, seq_lens, max_seq_len):
         # enable_pdl: starts while rope_kv4_write (just ahead, writing q and the new token) ends

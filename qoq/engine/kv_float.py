@@ -1,12 +1,12 @@
 """Unquantized paged KV (the fp16 artifact's cache): per layer, K and V pools of PAGE_TOKENS-token pages,
-storage [num_layers, 2, num_pages, 64, H_kv, D] in fp16 (GPU) or fp32 (the CPU reference), written
-with index_copy_ at the tokens' slots. Same page ids and slots as the KV4 cache."""
+storage [num_layers, 2, num_pages, 64, H_kv, D] in fp16 (GPU) or fp32 (the CPU reference), written at the
+tokens' slots. Same page ids and slots as the KV4 cache."""
 
 from __future__ import annotations
 
 import torch
 
-from qoq.runtime_cuda.attention_reference import PAGE_TOKENS
+from qoq.runtime_cuda.attention_reference import PAGE_TOKENS, write_kv_fp16
 
 
 class FloatKVCache:
@@ -22,9 +22,10 @@ class FloatKVCache:
                                    dtype=dtype, device=device)
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
-        """k, v [T, H_kv, D] at slots int64 [T]."""
-        for i, x in enumerate((k, v)):
-            self.storage[layer, i].view(-1, self.num_kv_heads, self.head_dim).index_copy_(0, slots, x.to(self.storage.dtype))
+        """k, v [T, H_kv, D] at slots int64 [T] (the reference runner; the CUDA runner writes its pages with
+        RoPE in one kernel: rope_kv_write_fp16)."""
+        for pool, x in zip(self.pools(layer), (k, v)):
+            write_kv_fp16(pool, x, slots)
 
     def read(self, layer: int, page_ids: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The first `length` tokens of a sequence -> k, v [H_kv, L, D]."""

@@ -1,14 +1,16 @@
 """The CUDA runner: one forward over a batch of sequence chunks with the fused W4A8KV4 path
 
-    rmsnorm_quant -> W4A8 qkv -> rope_kv4_write -> decode_attention (paged KV4) / prefill attention
-    -> quant -> W4A8 o_proj -> +residual -> rmsnorm_quant -> W4A8 gate_up -> silu_mul_quant -> down -> +residual
+    (+residual) rmsnorm_quant -> W4A8 qkv -> rope_kv4_write -> decode_attention (paged KV4) / prefill attention
+    -> quant -> W4A8 o_proj -> (+residual) rmsnorm_quant -> W4A8 gate_up -> silu_mul_quant -> W4A8 down
 
-(fp16 residual, fp16 lm_head; Qwen2's qkv biases ride in the fused GEMM's bias; GQA in the kernels;
-RoPE scaling in the cos/sin tables), or, for the fp16 artifact, the same loop with cuBLAS linears
-(F.linear), fp16 pages written by index_copy_ and paged fp16 decode attention; with `quantization="fp8"`
-the fp16 artifact's block linears are quantized at load to W8A8 e4m3 (fp8_linear.py: torch._scaled_mm,
-per-token activation scales; lm_head stays fp16), all else as the fp16 path. Decode steps replay CUDA
-graphs (cuda_graphs.py); prefill runs eagerly. Prefill attends over the chunk's sequence read back from
+(fp16 residual, added to by the next norm kernel: vLLM's fused_add_rms_norm, the final norm's included; fp16
+lm_head; Qwen2's qkv biases ride in the fused GEMM's bias; GQA in the kernels; RoPE scaling in the cos/sin
+tables), or, for the fp16 artifact, the same loop with cuBLAS linears (F.linear) between fp16 kernels:
+(+residual) rmsnorm_fp16, rope_kv_write_fp16 (RoPE and the fp16 page write), paged fp16 decode attention,
+silu_mul_fp16 (docs/engine.md: the fp16 baseline's fused ops). With `quantization="fp8"` the fp16
+artifact's block linears are quantized at load to W8A8 e4m3 (fp8_linear.py: torch._scaled_mm, per-token
+activation scales; lm_head stays fp16), all else as the fp16 path. Decode steps replay CUDA graphs
+(cuda_graphs.py); prefill runs eagerly. Prefill attends over the chunk's sequence read back from
 the pages (dequantized KV4), which is what `qoq eval` computes (the executor fake-quantizes K and V
 before attention), and keeps chunked prefill and recomputation exact.
 
@@ -36,7 +38,6 @@ from qoq.engine.prefill_inputs import PrefillInputs, prefill_inputs
 from qoq.executor.build import load_artifact_model
 from qoq.quant.kv import dequantize_kv
 from qoq.runtime_cuda import attention_reference as ref
-from qoq.runtime_cuda.reference import rmsnorm_fp16
 
 ACTIVATION_RESERVE = 2 << 30  # bytes left free beside the KV pages (activations, graphs, logits)
 QUANTIZATIONS = ("fp8",)  # `quantization=`: weights quantized at load from an fp16 artifact
@@ -136,12 +137,8 @@ class CudaRunner:
             q, _ = self.ops.rope_kv4_write(qkv, positions, slots, self.cos, self.sin, self.cache.k_pages(i),
                                            self.cache.v_pages(i), self.hq, self.hkv)
             return q
-        t = qkv.shape[0]
-        heads = qkv.view(t, self.hq + 2 * self.hkv, self.d)
-        q = ref.apply_rope(heads[:, : self.hq], positions, self.cos, self.sin)
-        k = ref.apply_rope(heads[:, self.hq : self.hq + self.hkv], positions, self.cos, self.sin)
-        self.cache.write(i, k, heads[:, self.hq + self.hkv :], slots)
-        return q
+        return self.ops.rope_kv_write_fp16(qkv, positions, slots, self.cos, self.sin, *self.cache.pools(i), self.hq,
+                                           self.hkv)
 
     def _decode_attention(self, i: int, q, page_table, seq_lens, max_seq_len: int) -> torch.Tensor:
         """q [B, Hq, D], page_table int32 [B, P], seq_lens int32 [B] -> [B, Hq, D] (static shapes)."""
@@ -172,38 +169,44 @@ class CudaRunner:
         return out
 
     # -- the layer loop ------------------------------------------------------------------------
+    # h is the residual stream; `delta`, the output of the sublayer ahead (o_proj or down) not yet added to it,
+    # is added by the next norm kernel, in place (vLLM's fused_add_rms_norm): None before the first block.
+    def _norm_linear(self, h: torch.Tensor, delta, weight: torch.Tensor, eps: float, linear) -> torch.Tensor:
+        """linear(RMSNorm(h)), h += delta first."""
+        x, residual = (h, None) if delta is None else (delta, h)
+        if not self.quantized:
+            return linear(self.ops.rmsnorm_fp16(x, weight, eps, residual))
+        tiles = self.ops.tiles_for(h.shape[0], linear.group_size)
+        return self.ops.gemm(linear, *self.ops.rmsnorm_quant(x, weight, eps, linear.sums, tiles, residual))
+
     def _mlp_and_o(self, L: _Layer, h: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """o_proj, h += its output, the MLP; -> the MLP's output (not yet added to h)."""
         t = h.shape[0]
         attn = attn.reshape(t, self.hq * self.d)
-        if not self.quantized:
-            h = h + L.o(attn)
-            gu = L.gate_up(rmsnorm_fp16(h, L.ln2, L.eps, self.dtype))
-            act = F.silu(gu[:, : L.intermediate]) * gu[:, L.intermediate :]
-            return h + L.down(act)
         ops = self.ops
-        tiles = ops.tiles_for(t, L.o.group_size)
-        h = h + ops.gemm(L.o, *ops.quant_tokens(attn, L.o.sums, tiles))
-        gu = ops.gemm(L.gate_up, *ops.rmsnorm_quant(h, L.ln2, L.eps, L.gate_up.sums, tiles))
-        act = ops.silu_mul_quant(gu[:, : L.intermediate], gu[:, L.intermediate :], L.down.sums, tiles)
-        return h + ops.gemm(L.down, *act)
-
-    def _qkv(self, L: _Layer, h: torch.Tensor) -> torch.Tensor:
         if not self.quantized:
-            return L.qkv(rmsnorm_fp16(h, L.ln1, L.eps, self.dtype))
-        tiles = self.ops.tiles_for(h.shape[0], L.qkv.group_size)
-        return self.ops.gemm(L.qkv, *self.ops.rmsnorm_quant(h, L.ln1, L.eps, L.qkv.sums, tiles))
+            gu = self._norm_linear(h, L.o(attn), L.ln2, L.eps, L.gate_up)
+            return L.down(ops.silu_mul_fp16(gu[:, : L.intermediate], gu[:, L.intermediate :]))
+        o = ops.gemm(L.o, *ops.quant_tokens(attn, L.o.sums, ops.tiles_for(t, L.o.group_size)))
+        gu = self._norm_linear(h, o, L.ln2, L.eps, L.gate_up)
+        act = ops.silu_mul_quant(gu[:, : L.intermediate], gu[:, L.intermediate :], L.down.sums,
+                                 ops.tiles_for(t, L.down.group_size))
+        return ops.gemm(L.down, *act)
 
-    def _logits(self, h: torch.Tensor) -> torch.Tensor:
-        return F.linear(rmsnorm_fp16(h, self.norm_w, self.eps, self.dtype), self.head_w)
+    def _logits(self, h: torch.Tensor, delta, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """The final norm of h += delta, then lm_head (at `rows` only, when given)."""
+        x, residual = (h, None) if delta is None else (delta, h)
+        x = self.ops.rmsnorm_fp16(x, self.norm_w, self.eps, residual)
+        return F.linear(x if rows is None else x[rows], self.head_w)
 
     def decode_forward(self, ids, positions, slots, page_table, seq_lens, max_seq_len: int) -> torch.Tensor:
         """One token per sequence, static shapes (what a CUDA graph captures): ids/positions/slots int64
         [B], page_table int32 [B, P], seq_lens int32 [B] -> logits [B, V] in the activations' dtype."""
-        h = F.embedding(ids, self.embed_w)
+        h, delta = F.embedding(ids, self.embed_w), None
         for i, L in enumerate(self.layers):
-            q = self._write_kv(i, self._qkv(L, h), positions, slots)
-            h = self._mlp_and_o(L, h, self._decode_attention(i, q, page_table, seq_lens, max_seq_len))
-        return self._logits(h)
+            q = self._write_kv(i, self._norm_linear(h, delta, L.ln1, L.eps, L.qkv), positions, slots)
+            delta = self._mlp_and_o(L, h, self._decode_attention(i, q, page_table, seq_lens, max_seq_len))
+        return self._logits(h, delta)
 
     @torch.inference_mode()
     def forward(self, step: StepInput, return_all_logits: bool = False) -> torch.Tensor:
@@ -226,14 +229,14 @@ class CudaRunner:
             last = step.last_rows
             rows = torch.tensor([last[j] for j in one], dtype=torch.int64).to(dev)
             singles = (rows, *self._tables(step, one))
-        h = F.embedding(ids, self.embed_w)
+        h, delta = F.embedding(ids, self.embed_w), None
         for i, L in enumerate(self.layers):
-            q = self._write_kv(i, self._qkv(L, h), positions, slots)
-            h = self._mlp_and_o(L, h, self._prefill_attention(i, q, plan, singles))
+            q = self._write_kv(i, self._norm_linear(h, delta, L.ln1, L.eps, L.qkv), positions, slots)
+            delta = self._mlp_and_o(L, h, self._prefill_attention(i, q, plan, singles))
         if return_all_logits:
-            return self._logits(h).float()
+            return self._logits(h, delta).float()
         rows = torch.tensor(step.last_rows, dtype=torch.int64).to(dev, non_blocking=True)
-        return self._logits(h[rows]).float()
+        return self._logits(h, delta, rows).float()
 
     def decode_inputs(self, step: StepInput, batch: int | None = None, width: int | None = None):
         """The decode tensors of a step, padded to `batch` rows and `width` pages with the scratch page:

@@ -1,7 +1,7 @@
 """Thin wrappers around the KV4 attention kernels (csrc/kv_rope_write.cu, csrc/attention_decode_kv4.cu),
-the decode kernel over the fp16 artifact's pages (csrc/attention_decode_fp16.cu) and torch's
-flash-attention (variable lengths) for prefill. Contracts and layouts: attention_reference.py, which holds
-a pure-torch twin of each function here.
+the kernels over the fp16 artifact's pages (kv_rope_write.cu's fp16 write, csrc/attention_decode_fp16.cu)
+and torch's flash-attention (variable lengths) for prefill. Contracts and layouts: attention_reference.py,
+which holds a pure-torch twin of each function here.
 """
 
 from __future__ import annotations
@@ -185,16 +185,62 @@ def decode_attention_fp16(
     return out
 
 
+def _qkv_rows(qkv: torch.Tensor, num_q_heads: int, num_kv_heads: int) -> tuple[torch.Tensor, int]:
+    """qkv checked -> (qkv with 16-byte aligned rows, copied if it has none; head_dim)."""
+    if qkv.dim() != 2 or qkv.dtype != torch.float16:
+        raise ValueError(f"qkv must be fp16 [T, (Hq + 2 Hkv) * D], got {qkv.dtype} {tuple(qkv.shape)}")
+    heads = num_q_heads + 2 * num_kv_heads
+    if num_kv_heads < 1 or num_q_heads < 1 or qkv.shape[1] % heads:
+        raise ValueError(f"qkv width {qkv.shape[1]} is not a multiple of Hq + 2 Hkv = {heads}")
+    d = qkv.shape[1] // heads
+    if d not in (64, 128):
+        raise ValueError(f"head_dim {d} unsupported (64 or 128)")
+    if qkv.stride(1) != 1 or qkv.stride(0) % 8 or qkv.data_ptr() % 16:
+        qkv = qkv.clone(memory_format=torch.contiguous_format)
+    return qkv, d
+
+
 def rope_kv4_write(qkv, positions, slots, cos, sin, k_pages, v_pages, num_q_heads: int, num_kv_heads: int):
     """qkv [T, (Hq + 2 Hkv) * D] fp16, positions/slots int64 [T], cos/sin fp32 [max_pos, D/2] ->
     (q [T, Hq, D], k [T, Hkv, D]) after RoPE; K (post-RoPE) and V go to their pages as KV4."""
     same_device("qkv", qkv, positions=positions, slot_mapping=slots, cos=cos, sin=sin, k_pages=k_pages, v_pages=v_pages)
-    t, width = qkv.shape
-    d = width // (num_q_heads + 2 * num_kv_heads)
+    qkv, d = _qkv_rows(qkv, num_q_heads, num_kv_heads)
+    t = qkv.shape[0]
     q = torch.empty(t, num_q_heads, d, dtype=qkv.dtype, device=qkv.device)
     k = torch.empty(t, num_kv_heads, d, dtype=qkv.dtype, device=qkv.device)
     extension().rope_kv4_write(qkv, positions, slots, cos, sin, q, k, k_pages, v_pages)
     return q, k
+
+
+def rope_kv_write_fp16(qkv, positions, slots, cos, sin, k_pool, v_pool, num_q_heads: int, num_kv_heads: int,
+                       enable_pdl: bool = False) -> torch.Tensor:
+    """The fp16 path's RoPE and KV write in one kernel (csrc/kv_rope_write.cu, the KV4 write's structure):
+    qkv [T, (Hq + 2 Hkv) * D] fp16, positions/slots int64 [T], cos/sin fp32 [max_pos, D/2], k_pool / v_pool
+    one layer's pools [num_pages, 64, Hkv, D] fp16 (qoq.engine.kv_float.FloatKVCache.pools) -> q [T, Hq, D]
+    after RoPE; K (post-RoPE) and V written to the pools at slots (< 0: skipped). Reference:
+    attention_reference.rope_kv_write_fp16. enable_pdl (Hopper): a programmatic dependent of the kernel ahead
+    (the qkv GEMM), reading nothing before its wait."""
+    qkv, d = _qkv_rows(qkv, num_q_heads, num_kv_heads)
+    t = qkv.shape[0]
+    for name, pool in (("k_pool", k_pool), ("v_pool", v_pool)):
+        if pool.dtype != torch.float16 or tuple(pool.shape[1:]) != (PAGE_TOKENS, num_kv_heads, d):
+            raise ValueError(f"{name} must be fp16 [num_pages, {PAGE_TOKENS}, {num_kv_heads}, {d}], got {pool.dtype} "
+                             f"{tuple(pool.shape)}")
+        if not pool.is_contiguous():
+            raise ValueError(f"{name} must be contiguous (one layer's pool of FloatKVCache.storage)")
+    if k_pool.shape != v_pool.shape:
+        raise ValueError(f"k_pool {tuple(k_pool.shape)} and v_pool {tuple(v_pool.shape)} differ in shape")
+    for name, x in (("positions", positions), ("slots", slots)):
+        if x.dtype != torch.int64 or x.shape != (t,):
+            raise ValueError(f"{name} must be int64 [{t}], got {x.dtype} {tuple(x.shape)}")
+    for name, x in (("cos", cos), ("sin", sin)):
+        if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != d // 2 or not x.is_contiguous():
+            raise ValueError(f"{name} must be contiguous fp32 [max_pos, {d // 2}], got {x.dtype} {tuple(x.shape)}")
+    same_device("qkv", qkv, positions=positions, slot_mapping=slots, cos=cos, sin=sin, k_pool=k_pool, v_pool=v_pool)
+    q = torch.empty(t, num_q_heads, d, dtype=qkv.dtype, device=qkv.device)
+    extension().rope_kv_write_fp16(qkv, positions.contiguous(), slots.contiguous(), cos, sin, q, k_pool, v_pool,
+                                   enable_pdl)
+    return q
 
 
 def prefill_attention(q, k, v, seq_lens: list[int], scale: float | None = None) -> torch.Tensor:

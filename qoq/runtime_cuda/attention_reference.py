@@ -109,6 +109,26 @@ def rope_kv4_write(qkv, positions, slots, cos, sin, k_pages, v_pages, num_q_head
     return q, k
 
 
+def write_kv_fp16(pool: torch.Tensor, x: torch.Tensor, slots: torch.Tensor) -> None:
+    """x [T, H_kv, D] into an fp16 artifact's pool [num_pages, 64, H_kv, D] at slots [T] (< 0: skipped), in
+    the pool's dtype."""
+    keep = slots >= 0
+    pool.view(-1, *pool.shape[2:])[slots[keep]] = x[keep].to(pool.dtype)
+
+
+def rope_kv_write_fp16(qkv, positions, slots, cos, sin, k_pool, v_pool, num_q_heads: int, num_kv_heads: int):
+    """qkv [T, (Hq + 2 Hkv) * D] -> q [T, Hq, D] after RoPE; writes K (post-RoPE) and V to one layer's pools
+    [num_pages, 64, Hkv, D] (FloatKVCache.pools) at slots [T]. q and K are rounded to qkv's dtype."""
+    t = qkv.shape[0]
+    d = qkv.shape[1] // (num_q_heads + 2 * num_kv_heads)
+    heads = qkv.view(t, num_q_heads + 2 * num_kv_heads, d)
+    q = apply_rope(heads[:, :num_q_heads], positions, cos, sin)
+    k = apply_rope(heads[:, num_q_heads : num_q_heads + num_kv_heads], positions, cos, sin)
+    write_kv_fp16(k_pool, k, slots)
+    write_kv_fp16(v_pool, heads[:, num_q_heads + num_kv_heads :], slots)
+    return q
+
+
 def _softmax_attention(q, k, v, scale: float, causal: bool) -> torch.Tensor:
     """fp32 attention, q [Hq, Tq, D], k/v [Hkv, Tk, D] (GQA: query head i uses KV head i // G)."""
     group = q.shape[0] // k.shape[0]

@@ -3,7 +3,8 @@
 GEMM: from the packed artifact tensors of docs/design.md §4, exact integer accumulation, fp32 epilogue; the
 activations as rows [M, K] or, for the 16-warp GEMVs, as A-fragment tiles (rows_to_tiles).
 Fused quantizers: the fp16 GEMM input (x, RMSNorm(x) or silu(gate)*up) quantized per token (§3.3),
-plus, when asked, the per-token sums of that fp16 input ("inputs") or of the codes ("codes").
+plus, when asked, the per-token sums of that fp16 input ("inputs") or of the codes ("codes"); that fp16
+input alone (rmsnorm_fp16, silu_mul_fp16) is what the fp16 path's row kernels compute.
 """
 
 from __future__ import annotations
@@ -132,9 +133,16 @@ def reference_quant(x: torch.Tensor, sums: str | None = None):
     return _quantize_with_sums(x, sums)
 
 
-def rmsnorm_fp16(x: torch.Tensor, weight: torch.Tensor, eps: float, dtype: torch.dtype = torch.float16) -> torch.Tensor:
+def rmsnorm_fp16(x: torch.Tensor, weight: torch.Tensor, eps: float, dtype: torch.dtype = torch.float16,
+                 residual: torch.Tensor | None = None) -> torch.Tensor:
     """§3.5 RMSNorm in fp32, rounded to fp16: the GEMM input rmsnorm_quant quantizes. `dtype` float32 keeps
-    the fp32 values (the executor's RMSNorm; the CUDA runner's data flow without its fp16 roundings)."""
+    the fp32 values (the executor's RMSNorm; the CUDA runner's data flow without its fp16 roundings).
+    With `residual` (x's shape): residual += x in place first, rounded to residual's dtype, and the RMSNorm
+    is of that sum (vLLM's fused_add_rms_norm: the residual add of the block ahead fused into the norm)."""
+    if residual is not None:
+        if residual.shape != x.shape:
+            raise ValueError(f"residual {tuple(residual.shape)} and x {tuple(x.shape)} must have one shape")
+        x = residual.add_(x)
     x32 = x.float()
     inv_rms = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)  # [..., 1]
     return (x32 * inv_rms * weight.float()).to(dtype)
@@ -147,9 +155,9 @@ def silu_mul_fp16(gate: torch.Tensor, up: torch.Tensor, dtype: torch.dtype = tor
 
 
 def reference_rmsnorm_quant(x: torch.Tensor, weight: torch.Tensor, eps: float, sums: str | None = None,
-                            dtype: torch.dtype = torch.float16):
-    """rmsnorm_fp16, then §3.3 (the kernel: `dtype` float16)."""
-    return _quantize_with_sums(rmsnorm_fp16(x, weight, eps, dtype), sums)
+                            dtype: torch.dtype = torch.float16, residual: torch.Tensor | None = None):
+    """rmsnorm_fp16 (with `residual`: of residual += x, in place), then §3.3 (the kernel: `dtype` float16)."""
+    return _quantize_with_sums(rmsnorm_fp16(x, weight, eps, dtype, residual), sums)
 
 
 def reference_silu_mul_quant(gate: torch.Tensor, up: torch.Tensor, sums: str | None = None,

@@ -58,6 +58,36 @@ def test_kernels_match_reference_ops_on_gpu(make_engine, cuda_w4, recipe):
         assert worst < (2e-3 if recipe == "fp16" else 6e-2)
 
 
+@pytest.fixture(scope="session")
+def cuda_fp16_d128(tmp_path_factory, tiny_tokenizer, shared_data):
+    """An fp16 artifact of Llama-size heads: head_dim 128, GQA 4:1, Qwen2's qkv biases, norms not all ones."""
+    from checkpoints import make_tiny_checkpoint
+
+    from qoq.passes.pipeline import quantize_model
+    from tests.engine.engine_support import small
+
+    ckpt = make_tiny_checkpoint(tmp_path_factory.mktemp("fp16_d128_ck"), tiny_tokenizer, arch="qwen2", hidden=512,
+                                heads=4, kv_heads=1, layers=2, intermediate=1024, perturb=True)
+    art = tmp_path_factory.mktemp("fp16_d128") / "fp16"
+    quantize_model(str(ckpt), small("fp16"), art, data_dir=shared_data, show_progress=False)
+    return art
+
+
+def test_fp16_fused_kernels_in_graphs_match_reference_ops(make_engine, cuda_fp16_d128):
+    """The fp16 path on its kernels (norms with the residual adds fused in, RoPE with the page write, SiLU·mul;
+    decode steps replayed from CUDA graphs, the kernels programmatic dependents of cuBLAS) against the same
+    runner on the torch references, eager: greedy tokens until a near tie, logits within fp16 rounding."""
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    kw = {"backend": "cuda", "kv_budget": 64 << 20, "record_logits": True}
+    want = make_engine(cuda_fp16_d128, ops="reference", cuda_graphs=False, **kw).generate(PROMPTS, params)
+    engine = make_engine(cuda_fp16_d128, **kw)
+    got = engine.generate(PROMPTS, params)
+    assert engine.runner.graphs.graphs, "no decode step went through a graph"
+    for w, g in zip(want, got):
+        n = assert_same_until_near_tie(w, g, margin=1e-2)
+        assert max(_rel(a, b) for a, b in list(zip(g.logits, w.logits))[: n + 1]) < 2e-3
+
+
 @pytest.mark.parametrize("recipe", ["w4a8kv4g64-rtn", "fp16"])
 def test_graph_decode_equals_eager_decode(make_engine, cuda_w4, recipe):
     params = SamplingParams(max_tokens=20, ignore_eos=True)

@@ -92,3 +92,37 @@ def test_capture_every_covers_each_bucket_a_step_can_meet():
     for b in (1, 2, 4):  # every step of up to 3 sequences at up to 6 pages replays a captured graph
         for p in range(1, 7):
             assert graphs.bucket(min(b, 3), p) in graphs.graphs
+
+
+@pytest.mark.parametrize("kind", ["fp16", "w4"])
+def test_residual_adds_fused_into_the_norms(make_engine, tiny_fp16, tiny_w4, kind, monkeypatch):
+    """Per forward of the 2-layer model: 2 x 2 norms before the linears and the final norm; every one but the
+    first block's adds the sublayer output ahead to the residual (no separate add). The fp16 path runs RoPE
+    with its page write and SiLU·mul as one op each per layer."""
+    from qoq.engine.cuda_ops import ReferenceOps
+
+    calls = []
+
+    def record(name, residual_at):
+        original = getattr(ReferenceOps, name)
+
+        def wrapped(self, *args):
+            calls.append((name, residual_at is not None and len(args) > residual_at and args[residual_at] is not None))
+            return original(self, *args)
+
+        monkeypatch.setattr(ReferenceOps, name, wrapped)
+
+    for name, residual_at in [("rmsnorm_fp16", 3), ("rmsnorm_quant", 5), ("rope_kv_write_fp16", None),
+                              ("silu_mul_fp16", None), ("silu_mul_quant", None)]:
+        record(name, residual_at)
+    engine = make_engine(tiny_fp16 if kind == "fp16" else tiny_w4, **CPU_CUDA_RUNNER)
+    engine.generate([PROMPTS[0]], SamplingParams(max_tokens=2, ignore_eos=True))  # a prefill and a decode
+    norm = "rmsnorm_fp16" if kind == "fp16" else "rmsnorm_quant"
+    per_forward = [(norm, False), (norm, True), (norm, True), (norm, True), ("rmsnorm_fp16", True)]
+    norms = [c for c in calls if c[0].startswith("rmsnorm")]
+    assert norms == per_forward * 2
+    others = sorted(c[0] for c in calls if not c[0].startswith("rmsnorm"))
+    if kind == "fp16":
+        assert others == ["rope_kv_write_fp16"] * 4 + ["silu_mul_fp16"] * 4
+    else:
+        assert others == ["silu_mul_quant"] * 4

@@ -1,7 +1,7 @@
-// Python bindings of the attention kernels (KV4, and decode over the fp16 artifact's pages). Shapes and
-// dtypes are checked here too, by TORCH_CHECK, behind the Python wrappers' checks (the errors convention:
-// qoq/runtime_cuda/__init__.py); the wrappers in qoq/runtime_cuda/attention.py allocate outputs and
-// workspaces.
+// Python bindings of the attention kernels (KV4; over the fp16 artifact's pages: decode and the RoPE write).
+// Shapes and dtypes are checked here too, by TORCH_CHECK, behind the Python wrappers' checks (the errors
+// convention: qoq/runtime_cuda/__init__.py); the wrappers in qoq/runtime_cuda/attention.py allocate outputs
+// and workspaces.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -130,27 +130,24 @@ void decode_fp16(const torch::Tensor& q, const torch::Tensor& k_pool, const torc
               ", stages ", num_stages, "): ", cudaGetErrorString(err));
 }
 
-void rope_kv4_write(const torch::Tensor& qkv, const torch::Tensor& positions, const torch::Tensor& slots,
-                    const torch::Tensor& cos, const torch::Tensor& sin, torch::Tensor& q_out,
-                    torch::Tensor& k_out, torch::Tensor& k_pages, torch::Tensor& v_pages) {
+// What both page formats' RoPE writes check and pass: qkv, positions, slots, the RoPE tables and q_out.
+qoq_attn::RopeWriteParams rope_write_params(const torch::Tensor& qkv, const torch::Tensor& positions,
+                                            const torch::Tensor& slots, const torch::Tensor& cos,
+                                            const torch::Tensor& sin, torch::Tensor& q_out, int64_t num_kv_heads) {
   TORCH_CHECK(qkv.is_cuda() && qkv.scalar_type() == at::kHalf && qkv.dim() == 2 && qkv.stride(1) == 1 &&
-                  qkv.stride(0) % 8 == 0,
-              "qkv must be a CUDA fp16 [T, (Hq+2Hkv)*D] tensor with unit column stride and row stride % 8 == 0");
+                  qkv.stride(0) % 8 == 0 && reinterpret_cast<uintptr_t>(qkv.data_ptr()) % 16 == 0,
+              "qkv must be a 16-byte aligned CUDA fp16 [T, (Hq+2Hkv)*D] tensor with unit column stride and row "
+              "stride % 8 == 0");
   const c10::Device device = qkv.device();
   check(positions, "positions", at::kLong, 1, device);
   check(slots, "slot_mapping", at::kLong, 1, device);
   check(cos, "cos", at::kFloat, 2, device);
   check(sin, "sin", at::kFloat, 2, device);
   check(q_out, "q_out", at::kHalf, 3, device);
-  check(k_out, "k_out", at::kHalf, 3, device);
-  check(k_pages, "k_pages", at::kByte, 2, device);
-  check(v_pages, "v_pages", at::kByte, 2, device);
-  const int64_t T = qkv.size(0), Hq = q_out.size(1), Hkv = k_out.size(1), D = q_out.size(2);
-  TORCH_CHECK(qkv.size(1) == (Hq + 2 * Hkv) * D, "qkv width ", qkv.size(1), " != (Hq + 2 Hkv) * D");
-  TORCH_CHECK(positions.size(0) == T && slots.size(0) == T && q_out.size(0) == T && k_out.size(0) == T,
-              "token counts differ");
+  const int64_t T = qkv.size(0), Hq = q_out.size(1), D = q_out.size(2);
+  TORCH_CHECK(qkv.size(1) == (Hq + 2 * num_kv_heads) * D, "qkv width ", qkv.size(1), " != (Hq + 2 Hkv) * D");
+  TORCH_CHECK(positions.size(0) == T && slots.size(0) == T && q_out.size(0) == T, "token counts differ");
   TORCH_CHECK(cos.size(1) == D / 2 && sin.sizes() == cos.sizes(), "cos/sin must be [max_pos, D/2]");
-  TORCH_CHECK(k_pages.size(1) == Hkv * qoq_attn::kPageTokens * (D / 2 + 4), "page bytes do not match heads/head_dim");
   qoq_attn::RopeWriteParams p{};
   p.qkv = reinterpret_cast<const half*>(qkv.data_ptr<at::Half>());
   p.positions = positions.data_ptr<int64_t>();
@@ -158,17 +155,56 @@ void rope_kv4_write(const torch::Tensor& qkv, const torch::Tensor& positions, co
   p.cos = cos.data_ptr<float>();
   p.sin = sin.data_ptr<float>();
   p.q_out = reinterpret_cast<half*>(q_out.data_ptr<at::Half>());
+  p.qkv_stride = qkv.stride(0);
+  p.tokens = T;
+  p.num_q_heads = Hq;
+  p.num_kv_heads = num_kv_heads;
+  return p;
+}
+
+void rope_kv4_write(const torch::Tensor& qkv, const torch::Tensor& positions, const torch::Tensor& slots,
+                    const torch::Tensor& cos, const torch::Tensor& sin, torch::Tensor& q_out,
+                    torch::Tensor& k_out, torch::Tensor& k_pages, torch::Tensor& v_pages) {
+  const c10::Device device = qkv.device();
+  check(k_out, "k_out", at::kHalf, 3, device);
+  check(k_pages, "k_pages", at::kByte, 2, device);
+  check(v_pages, "v_pages", at::kByte, 2, device);
+  const int64_t Hkv = k_out.size(1), D = k_out.size(2);
+  qoq_attn::RopeWriteParams p = rope_write_params(qkv, positions, slots, cos, sin, q_out, Hkv);
+  TORCH_CHECK(k_out.size(0) == p.tokens && D == q_out.size(2), "k_out must be [T, Hkv, D]");
+  TORCH_CHECK(k_pages.sizes() == v_pages.sizes() && k_pages.size(1) == Hkv * qoq_attn::kPageTokens * (D / 2 + 4),
+              "page bytes do not match heads/head_dim");
   p.k_out = reinterpret_cast<half*>(k_out.data_ptr<at::Half>());
   p.k_pages = k_pages.data_ptr<uint8_t>();
   p.v_pages = v_pages.data_ptr<uint8_t>();
-  p.qkv_stride = qkv.stride(0);
   p.page_bytes = k_pages.size(1);
-  p.tokens = T;
-  p.num_q_heads = Hq;
-  p.num_kv_heads = Hkv;
   const c10::cuda::CUDAGuard guard(device);  // launch on qkv's GPU, in its current stream
   const cudaError_t err = qoq_attn::launch_rope_kv4_write(p, D, c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, "rope_kv4_write launch failed (head_dim ", D, "): ", cudaGetErrorString(err));
+}
+
+// Pools [num_pages, 64, H_kv, D] fp16 (one layer's K or V of qoq/engine/kv_float.py).
+void rope_kv_write_fp16(const torch::Tensor& qkv, const torch::Tensor& positions, const torch::Tensor& slots,
+                        const torch::Tensor& cos, const torch::Tensor& sin, torch::Tensor& q_out,
+                        torch::Tensor& k_pool, torch::Tensor& v_pool, bool enable_pdl) {
+  const c10::Device device = qkv.device();
+  check(k_pool, "k_pool", at::kHalf, 4, device);
+  check(v_pool, "v_pool", at::kHalf, 4, device);
+  const int64_t Hkv = k_pool.size(2), D = q_out.size(2);
+  TORCH_CHECK(k_pool.sizes() == v_pool.sizes(), "k_pool and v_pool differ in shape");
+  TORCH_CHECK(k_pool.size(1) == qoq_attn::kPageTokens && k_pool.size(3) == D,
+              "pools must be [num_pages, 64, num_kv_heads, head_dim ", D, "], got ", k_pool.sizes());
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(k_pool.data_ptr()) % 16 == 0 &&
+                  reinterpret_cast<uintptr_t>(v_pool.data_ptr()) % 16 == 0,
+              "k_pool and v_pool must be 16-byte aligned");
+  qoq_attn::RopeWriteParams p = rope_write_params(qkv, positions, slots, cos, sin, q_out, Hkv);
+  p.k_pages = reinterpret_cast<uint8_t*>(k_pool.data_ptr<at::Half>());
+  p.v_pages = reinterpret_cast<uint8_t*>(v_pool.data_ptr<at::Half>());
+  p.page_bytes = k_pool.stride(0) * 2;
+  p.dependent = enable_pdl && at::cuda::getDeviceProperties(qkv.get_device())->major >= 9;
+  const c10::cuda::CUDAGuard guard(device);  // launch on qkv's GPU, in its current stream
+  const cudaError_t err = qoq_attn::launch_rope_kv_write_fp16(p, D, c10::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, "rope_kv_write_fp16 launch failed (head_dim ", D, "): ", cudaGetErrorString(err));
 }
 
 }  // namespace
@@ -177,4 +213,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_kv4", &decode_kv4, "decode attention over KV4 pages");
   m.def("decode_fp16", &decode_fp16, "decode attention over fp16 pages");
   m.def("rope_kv4_write", &rope_kv4_write, "RoPE on q/k + KV4 quantize-and-write of k/v");
+  m.def("rope_kv_write_fp16", &rope_kv_write_fp16, "RoPE on q/k + write of k/v to fp16 pools");
 }

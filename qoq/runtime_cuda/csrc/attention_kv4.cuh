@@ -31,6 +31,8 @@ struct DecodeParams {
                      // q and each sequence's last token, not the page table, seq_lens or older tokens
 };
 
+// kv_rope_write.cu: the KV4 launcher writes KV4 pages [P, page_bytes]; the fp16 one the fp16 artifact's pools
+// [P][64][H_kv][D] (page_bytes = 64 * H_kv * D * 2).
 struct RopeWriteParams {
   const half* qkv;            // [T, (H_q + 2 H_kv) * D], row stride qkv_stride
   const int64_t* positions;   // [T]
@@ -38,11 +40,13 @@ struct RopeWriteParams {
   const float* cos;           // [max_pos, D/2]
   const float* sin;           // [max_pos, D/2]
   half* q_out;                // [T, H_q, D]
-  half* k_out;                // [T, H_kv, D] post-RoPE K in fp16 (for prefill attention)
+  half* k_out;                // [T, H_kv, D] post-RoPE K in fp16 (for prefill attention), or nullptr
   uint8_t* k_pages;
   uint8_t* v_pages;
   int64_t qkv_stride, page_bytes;
   int tokens, num_q_heads, num_kv_heads;
+  bool dependent;  // Hopper: launched as a programmatic dependent of the kernel ahead (it reads nothing
+                   // before its wait)
 };
 
 // Host launchers (return the launch error, cudaSuccess when fine). launch_decode_fp16 takes the same
@@ -51,6 +55,7 @@ struct RopeWriteParams {
 cudaError_t launch_decode_kv4(const DecodeParams& p, int head_dim, cudaStream_t stream);
 cudaError_t launch_decode_fp16(const DecodeParams& p, int head_dim, cudaStream_t stream);
 cudaError_t launch_rope_kv4_write(const RopeWriteParams& p, int head_dim, cudaStream_t stream);
+cudaError_t launch_rope_kv_write_fp16(const RopeWriteParams& p, int head_dim, cudaStream_t stream);
 
 // ---- device helpers ---------------------------------------------------------------------------
 

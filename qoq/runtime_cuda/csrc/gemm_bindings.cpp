@@ -162,15 +162,9 @@ Problem check_rows(const at::Tensor& t, const char* name) {
   return {};
 }
 
-// {qx, s_x, sums} of quant_rows.
-py::object run_quant(qoq_quant::RowOp op, const at::Tensor& x, const at::Tensor& other, double eps, int64_t sums,
-                     bool tiles) {
-  TORCH_CHECK(sums >= 0 && sums <= static_cast<int64_t>(qoq_quant::RowSums::Codes),
-              text("unknown row sums ", sums, " (0: none, 1: inputs, 2: codes)"));
+// The operands of a row op: x (gate for SiluMul), `other` (up, or RMSNorm's weight) and RMSNorm's residual.
+Problem check_row_op(qoq_quant::RowOp op, const at::Tensor& x, const at::Tensor& other, const Opt& residual) {
   Problem problem = check_rows(x, op == qoq_quant::RowOp::SiluMul ? "gate" : "x");
-  if (problem.empty() && tiles && (x.size(0) > qoq_gemm::GEMVP_MAX_M || x.size(1) % 32))
-    problem = text("tiled codes need at most ", qoq_gemm::GEMVP_MAX_M, " rows and K a multiple of 32, got ", x.size(0),
-                   " x ", x.size(1));
   if (problem.empty() && op == qoq_quant::RowOp::SiluMul) {
     problem = check_rows(other, "up");
     if (problem.empty() && other.sizes() != x.sizes()) problem = "gate and up must have one shape";
@@ -183,8 +177,35 @@ py::object run_quant(qoq_quant::RowOp op, const at::Tensor& x, const at::Tensor&
   if (problem.empty() && op != qoq_quant::RowOp::Plain && other.device() != x.device())
     problem = text(op == qoq_quant::RowOp::SiluMul ? "up" : "weight", " is on ", other.device(), ", the activations on ",
                    x.device());
+  if (problem.empty() && residual.has_value()) {
+    if (op != qoq_quant::RowOp::RmsNorm) problem = "a residual is added by the RMSNorm row op only";
+    if (problem.empty()) problem = check_rows(*residual, "residual");
+    if (problem.empty() && residual->sizes() != x.sizes()) problem = "residual and x must have one shape";
+    if (problem.empty() && residual->device() != x.device())
+      problem = text("residual is on ", residual->device(), ", the activations on ", x.device());
+  }
+  return problem;
+}
+
+// {qx, s_x, sums} of quant_rows.
+py::object run_quant(qoq_quant::RowOp op, const at::Tensor& x, const at::Tensor& other, double eps, int64_t sums,
+                     bool tiles, const Opt& residual = c10::nullopt) {
+  TORCH_CHECK(sums >= 0 && sums <= static_cast<int64_t>(qoq_quant::RowSums::Codes),
+              text("unknown row sums ", sums, " (0: none, 1: inputs, 2: codes)"));
+  Problem problem = check_row_op(op, x, other, residual);
+  if (problem.empty() && tiles && (x.size(0) > qoq_gemm::GEMVP_MAX_M || x.size(1) % 32))
+    problem = text("tiled codes need at most ", qoq_gemm::GEMVP_MAX_M, " rows and K a multiple of 32, got ", x.size(0),
+                   " x ", x.size(1));
   TORCH_CHECK(problem.empty(), problem);
-  return py::cast(qoq_quant::quant_rows(op, x, other, eps, static_cast<qoq_quant::RowSums>(sums), tiles));
+  return py::cast(qoq_quant::quant_rows(op, x, other, eps, static_cast<qoq_quant::RowSums>(sums), tiles, residual));
+}
+
+// fp16 rows of rows_fp16.
+at::Tensor run_rows_fp16(qoq_quant::RowOp op, const at::Tensor& x, const at::Tensor& other, double eps,
+                         const Opt& residual, bool enable_pdl) {
+  const Problem problem = check_row_op(op, x, other, residual);
+  TORCH_CHECK(problem.empty(), problem);
+  return qoq_quant::rows_fp16(op, x, other, eps, residual, enable_pdl);
 }
 
 }  // namespace
@@ -204,10 +225,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quant_tokens", [](const at::Tensor& x, int64_t sums, bool tiles) {
     return run_quant(qoq_quant::RowOp::Plain, x, at::Tensor(), 0.0, sums, tiles);
   });
-  m.def("rmsnorm_quant", [](const at::Tensor& x, const at::Tensor& weight, double eps, int64_t sums, bool tiles) {
-    return run_quant(qoq_quant::RowOp::RmsNorm, x, weight, eps, sums, tiles);
+  m.def("rmsnorm_quant", [](const at::Tensor& x, const at::Tensor& weight, double eps, int64_t sums, bool tiles,
+                            const Opt& residual) {
+    return run_quant(qoq_quant::RowOp::RmsNorm, x, weight, eps, sums, tiles, residual);
   });
   m.def("silu_mul_quant", [](const at::Tensor& gate, const at::Tensor& up, int64_t sums, bool tiles) {
     return run_quant(qoq_quant::RowOp::SiluMul, gate, up, 0.0, sums, tiles);
   });
+  m.def("rmsnorm_fp16", [](const at::Tensor& x, const at::Tensor& weight, double eps, const Opt& residual,
+                           bool enable_pdl) {
+    return run_rows_fp16(qoq_quant::RowOp::RmsNorm, x, weight, eps, residual, enable_pdl);
+  }, "RMSNorm (of residual += x with a residual) -> fp16 [T, K]");
+  m.def("silu_mul_fp16", [](const at::Tensor& gate, const at::Tensor& up, bool enable_pdl) {
+    return run_rows_fp16(qoq_quant::RowOp::SiluMul, gate, up, 0.0, c10::nullopt, enable_pdl);
+  }, "fp16(fp16(silu(gate)) * up) -> fp16 [T, K]");
 }

@@ -6,6 +6,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 // Launch `kernel` on `grid` blocks of `threads` with `smem` bytes of dynamic shared memory, in clusters
 // of `cluster` blocks (1 x 1 x 1: none) and, with `dependent`, as a programmatic dependent. The one
 // launch path of the GEMM and attention kernels that take either attribute.
@@ -49,6 +51,12 @@ __device__ __forceinline__ uint4 load_after_wait16(const void* ptr) {
 __device__ __forceinline__ uint32_t load_after_wait4(const void* ptr) {
   uint32_t v;
   asm volatile("ld.global.cg.u32 %0, [%1];\n" : "=r"(v) : "l"(ptr));
+  return v;
+}
+
+__device__ __forceinline__ uint64_t load_after_wait8(const void* ptr) {
+  uint64_t v;
+  asm volatile("ld.global.cg.u64 %0, [%1];\n" : "=l"(v) : "l"(ptr));
   return v;
 }
 

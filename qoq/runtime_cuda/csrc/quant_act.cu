@@ -1,8 +1,10 @@
-// Fused per-token activation quantization (docs/design.md §3.3, §3.5, §5): one block per token row.
-// Pass 1 computes the fp16 GEMM input y (x, RMSNorm(x) or silu(gate)*up) into shared memory and
-// its |max| and sum; pass 2 writes the int8 codes and sums them. Divisions are IEEE (__fdiv_rn)
-// even under --use_fast_math so codes match the torch reference exactly.
+// Fused per-token row kernels (docs/design.md §3.3, §3.5, §5): one block per token row. Pass 1 computes
+// the fp16 row y (x, RMSNorm(x) or silu(gate)*up; RMSNorm optionally of residual += x, in place), which the
+// quantizing kernels keep in shared memory with its |max| and sum and pass 2 turns into int8 codes and their
+// sum, and the fp16 ones (the fp16 path) write out as it is. Divisions are IEEE (__fdiv_rn) even under
+// --use_fast_math so codes match the torch reference exactly.
 #include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_fp16.h>
@@ -17,11 +19,12 @@ constexpr int THREADS = 256;
 constexpr float ABS_MAX_FLOOR = 1e-6f;
 constexpr float SMALLEST_FP16_SCALE = 5.9604644775390625e-08f;  // 2^-24, as qoq.quant.activations
 
-struct QuantParams {
+struct RowParams {
   const half* x;      // [T, K] rows x_stride apart (gate for SiluMul)
   const half* up;     // [T, K] rows up_stride apart (SiluMul)
   const half* gamma;  // [K] (RmsNorm)
-  int64_t x_stride, up_stride;
+  half* residual;     // [T, K] rows residual_stride apart, or nullptr (RmsNorm): residual += x, then its RMSNorm
+  int64_t x_stride, up_stride, residual_stride;
   float eps;
   int K;
   int8_t* qx;    // [T, K], or with `tiles` A-fragment tiles [K/32][32][16] of T <= 16 rows
@@ -29,6 +32,8 @@ struct QuantParams {
   half* scale;   // [T]
   float* xsum;   // [T] or nullptr: sums of y
   int* qsum;     // [T] or nullptr: sums of the codes
+  half* out;     // [T, K] contiguous: y itself (the fp16 kernels)
+  bool dependent;  // launched as a programmatic dependent (fp16 kernels): x, up and residual only after the wait
 };
 
 template <bool IS_MAX, typename T>
@@ -72,21 +77,36 @@ __device__ __forceinline__ int64_t tile_offset(int row, int k) {
   return static_cast<int64_t>(k / 32) * 512 + ((row % 8) * 4 + (kk % 16) / 4) * 16 + ((kk / 16) * 2 + row / 8) * 4;
 }
 
-template <RowOp OP>
-__global__ void __launch_bounds__(THREADS) quant_rows_kernel(const QuantParams p) {
-  extern __shared__ __align__(16) uint4 row_buf[];  // [K/8] fp16 GEMM inputs of this row
+// QUANT: y's §3.3 codes, scale and sums; else y itself in p.out. Every load of the activations (x, up,
+// residual) comes after wait_prior_grids and is coherent (design.md §5.5); gamma is a weight.
+template <RowOp OP, bool QUANT>
+__global__ void __launch_bounds__(THREADS) row_kernel(const RowParams p) {
+  extern __shared__ __align__(16) uint4 row_buf[];  // [K/8] fp16: RMSNorm's input, then (QUANT) y
   __shared__ float scratch[32];
   int* scratch_int = reinterpret_cast<int*>(scratch);
   const int row = blockIdx.x, vecs = p.K / 8;
-  const uint4* x = reinterpret_cast<const uint4*>(p.x + row * p.x_stride);
+  const half* x = p.x + row * p.x_stride;
   allow_dependent_grids();  // a GEMM launched as a programmatic dependent may load its weights meanwhile
+  wait_prior_grids();       // a no-op unless launched as a programmatic dependent
 
   float inv_rms = 0.0f;
   if constexpr (OP == RowOp::RmsNorm) {
+    half* residual = p.residual == nullptr ? nullptr : p.residual + row * p.residual_stride;
     float sum_sq = 0.0f;
     for (int v = threadIdx.x; v < vecs; v += THREADS) {
+      uint4 in = load_after_wait16(x + 8 * v);
+      if (residual != nullptr) {  // fp16(residual + x), as torch adds two fp16 tensors
+        float a[8], b[8];
+        unpack_half8(in, a);
+        unpack_half8(load_after_wait16(residual + 8 * v), b);
+        half2* sum = reinterpret_cast<half2*>(&in);
+#pragma unroll
+        for (int e = 0; e < 8; e += 2) sum[e / 2] = __floats2half2_rn(b[e] + a[e], b[e + 1] + a[e + 1]);
+        reinterpret_cast<uint4*>(residual)[v] = in;
+      }
+      row_buf[v] = in;  // read back below by this same thread: no barrier needed
       float f[8];
-      unpack_half8(x[v], f);
+      unpack_half8(in, f);
 #pragma unroll
       for (int e = 0; e < 8; ++e) sum_sq += f[e] * f[e];
     }
@@ -97,10 +117,11 @@ __global__ void __launch_bounds__(THREADS) quant_rows_kernel(const QuantParams p
   float abs_max = 0.0f, sum = 0.0f;
   for (int v = threadIdx.x; v < vecs; v += THREADS) {
     float f[8];
-    unpack_half8(x[v], f);
+    if constexpr (OP == RowOp::RmsNorm) unpack_half8(row_buf[v], f);
+    else unpack_half8(load_after_wait16(x + 8 * v), f);
     float other[8];
     if constexpr (OP == RowOp::RmsNorm) unpack_half8(reinterpret_cast<const uint4*>(p.gamma)[v], other);
-    if constexpr (OP == RowOp::SiluMul) unpack_half8(reinterpret_cast<const uint4*>(p.up + row * p.up_stride)[v], other);
+    if constexpr (OP == RowOp::SiluMul) unpack_half8(load_after_wait16(p.up + row * p.up_stride + 8 * v), other);
     uint4 packed;
     half2* out = reinterpret_cast<half2*>(&packed);
 #pragma unroll
@@ -120,8 +141,10 @@ __global__ void __launch_bounds__(THREADS) quant_rows_kernel(const QuantParams p
       }
       out[e / 2] = __floats2half2_rn(y[0], y[1]);
     }
-    row_buf[v] = packed;  // read back below by this same thread: no barrier needed
+    if constexpr (QUANT) row_buf[v] = packed;  // read back below by this same thread: no barrier needed
+    else reinterpret_cast<uint4*>(p.out + static_cast<int64_t>(row) * p.K)[v] = packed;
   }
+  if constexpr (!QUANT) return;
   abs_max = block_reduce<true>(abs_max, scratch);
   if (p.xsum != nullptr) sum = block_reduce<false>(sum, scratch);
   const half scale_h = __float2half_rn(__fdiv_rn(fmaxf(abs_max, ABS_MAX_FLOOR), 127.0f));
@@ -156,51 +179,77 @@ __global__ void __launch_bounds__(THREADS) quant_rows_kernel(const QuantParams p
   }
 }
 
-template <RowOp OP>
-static std::vector<at::Tensor> launch(QuantParams p, const at::Tensor& x, RowSums sums) {
+// T blocks of row_kernel<OP, QUANT> on x's GPU and current stream; shared memory for the rows it keeps.
+template <RowOp OP, bool QUANT>
+static void launch(const RowParams& p, const at::Tensor& x) {
+  const int64_t T = x.size(0);
+  if (T == 0 || p.K == 0) return;
+  const c10::cuda::CUDAGuard guard(x.device());
+  const int smem = (QUANT || OP == RowOp::RmsNorm) ? static_cast<int>(p.K * sizeof(half)) : 0;
+  if (smem > 48 * 1024) {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(row_kernel<OP, QUANT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  }
+  C10_CUDA_CHECK(launch_with_attributes(row_kernel<OP, QUANT>, dim3(T), THREADS, smem, dim3(1, 1, 1), p.dependent,
+                                        c10::cuda::getCurrentCUDAStream(), p));
+}
+
+// The RowParams of op over x [T, K]: other (gamma or up) and the residual, outputs left to the caller.
+static RowParams row_params(RowOp op, const at::Tensor& x, const at::Tensor& other, double eps,
+                            const c10::optional<at::Tensor>& residual) {
+  RowParams p{};
+  p.x = reinterpret_cast<const half*>(x.data_ptr<at::Half>());
+  p.x_stride = x.stride(0);
+  p.K = static_cast<int>(x.size(1));
+  if (op == RowOp::RmsNorm) {
+    p.gamma = reinterpret_cast<const half*>(other.data_ptr<at::Half>());
+    p.eps = static_cast<float>(eps);
+    if (residual.has_value()) {
+      p.residual = reinterpret_cast<half*>(residual->data_ptr<at::Half>());
+      p.residual_stride = residual->stride(0);
+    }
+  }
+  if (op == RowOp::SiluMul) {
+    p.up = reinterpret_cast<const half*>(other.data_ptr<at::Half>());
+    p.up_stride = other.stride(0);
+  }
+  return p;
+}
+
+std::vector<at::Tensor> quant_rows(RowOp op, const at::Tensor& x, const at::Tensor& other, double eps,
+                                   RowSums sums, bool tiles, const c10::optional<at::Tensor>& residual) {
+  RowParams p = row_params(op, x, other, eps, residual);
   const int64_t T = x.size(0), K = x.size(1);
   // tiles: rows T..15 are left as they are (the GEMM never stores them)
-  at::Tensor qx = p.tiles ? at::empty({K / 32, 32, 16}, x.options().dtype(at::kChar))
-                          : at::empty({T, K}, x.options().dtype(at::kChar));
+  at::Tensor qx = tiles ? at::empty({K / 32, 32, 16}, x.options().dtype(at::kChar))
+                        : at::empty({T, K}, x.options().dtype(at::kChar));
   at::Tensor scale = at::empty({T, 1}, x.options());
   at::Tensor row_sums = at::empty({sums == RowSums::None ? 0 : T},
                                   x.options().dtype(sums == RowSums::Codes ? at::kInt : at::kFloat));
-  p.K = static_cast<int>(K);
+  p.tiles = tiles;
   p.qx = qx.data_ptr<int8_t>();
   p.scale = reinterpret_cast<half*>(scale.data_ptr<at::Half>());
   p.xsum = sums == RowSums::Inputs ? row_sums.data_ptr<float>() : nullptr;
   p.qsum = sums == RowSums::Codes ? row_sums.data_ptr<int>() : nullptr;
-  if (T > 0 && K > 0) {
-    const c10::cuda::CUDAGuard guard(x.device());
-    const int smem = static_cast<int>(K * sizeof(half));
-    if (smem > 48 * 1024) {
-      C10_CUDA_CHECK(cudaFuncSetAttribute(quant_rows_kernel<OP>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    }
-    quant_rows_kernel<OP><<<T, THREADS, smem, c10::cuda::getCurrentCUDAStream()>>>(p);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  switch (op) {
+    case RowOp::Plain: launch<RowOp::Plain, true>(p, x); break;
+    case RowOp::RmsNorm: launch<RowOp::RmsNorm, true>(p, x); break;
+    case RowOp::SiluMul: launch<RowOp::SiluMul, true>(p, x); break;
   }
   return {qx, scale, row_sums};
 }
 
-std::vector<at::Tensor> quant_rows(RowOp op, const at::Tensor& x, const at::Tensor& other, double eps,
-                                   RowSums sums, bool tiles) {
-  QuantParams p{};
-  p.tiles = tiles;
-  p.x = reinterpret_cast<const half*>(x.data_ptr<at::Half>());
-  p.x_stride = x.stride(0);
+at::Tensor rows_fp16(RowOp op, const at::Tensor& x, const at::Tensor& other, double eps,
+                     const c10::optional<at::Tensor>& residual, bool enable_pdl) {
+  RowParams p = row_params(op, x, other, eps, residual);
+  at::Tensor out = at::empty({x.size(0), x.size(1)}, x.options());
+  p.out = reinterpret_cast<half*>(out.data_ptr<at::Half>());
+  p.dependent = enable_pdl && x.size(0) > 0 && at::cuda::getDeviceProperties(x.get_device())->major >= 9;
   switch (op) {
-    case RowOp::Plain:
-      return launch<RowOp::Plain>(p, x, sums);
-    case RowOp::RmsNorm:
-      p.gamma = reinterpret_cast<const half*>(other.data_ptr<at::Half>());
-      p.eps = static_cast<float>(eps);
-      return launch<RowOp::RmsNorm>(p, x, sums);
-    case RowOp::SiluMul:
-      p.up = reinterpret_cast<const half*>(other.data_ptr<at::Half>());
-      p.up_stride = other.stride(0);
-      return launch<RowOp::SiluMul>(p, x, sums);
+    case RowOp::Plain: TORCH_CHECK(false, "rows_fp16 takes RmsNorm or SiluMul"); break;
+    case RowOp::RmsNorm: launch<RowOp::RmsNorm, false>(p, x); break;
+    case RowOp::SiluMul: launch<RowOp::SiluMul, false>(p, x); break;
   }
-  return {};
+  return out;
 }
 
 }  // namespace qoq_quant
