@@ -146,7 +146,7 @@ def test_fp16_kernels_replayed_in_a_cuda_graph_match_reference(t):
     residual and the pools are updated in place by each replay."""
     hidden, inter, hq, hkv, dim = 1024, 2816, 8, 2, 128
     w = (torch.rand(hidden, device=DEV) + 0.5).half()
-    cos, sin = _rope_tables(4096, dim)
+    cos, sin = _rope_tables(8192, dim)  # _rope_case draws positions below 8192
     x_s, r_s = _rows(t, hidden, seed=0), _rows(t, hidden, seed=1)
     gu_s = _rows(t, 2 * inter, seed=2)
     qkv_s, pos_s, slots_s, pools = _rope_case(t, hq, hkv, dim, seed=3)
