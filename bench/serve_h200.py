@@ -23,14 +23,8 @@ import argparse
 import asyncio
 import json
 import math
-import os
-import signal
-import socket
-import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from multiprocessing import get_context
@@ -39,8 +33,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.serve_load import Workload, burst, run_load, run_stats, schedule, scrape, settle  # noqa: E402
+from bench.serve_load import Workload, burst, run_load, run_stats, schedule, settle  # noqa: E402
 from bench.serve_summary import FORMATS, plot, summarize  # noqa: E402
+from qoq.serve.process import ServerProcess, scrape_metrics  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -94,52 +89,6 @@ def in_child(fn, *args):
         return pool.submit(fn, *args).result()
 
 
-# -- the server ----------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class ServerProcess:
-    """`python -m qoq.cli serve` on a free 127.0.0.1 port, its output in log_path."""
-
-    def __init__(self, artifact: str, log_path: Path, args: list[str]):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)  # keep carried wheels
-        env = {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
-        env.pop("QOQ_API_KEY", None)
-        self.log = open(log_path, "wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "qoq.cli", "serve", artifact, "--port", str(self.port),
-                                      *args], stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
-
-    def wait_healthy(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the server exited with {self.proc.returncode} before /health answered")
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.25)
-        raise RuntimeError(f"the server did not answer /health within {timeout:.0f} s")
-
-    def stop(self) -> int | None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)  # drains (idle by now), exits 0
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        self.log.close()
-        return self.proc.returncode
-
-
 # -- one format ----------------------------------------------------------------------------------
 def next_rate(tried: dict[float, bool], grid: tuple[float, ...], refine_left: int) -> tuple[float, bool] | None:
     """(rate, is_refinement) of the next run, or None when the search is done."""
@@ -173,7 +122,7 @@ def pages_after(url: str, before: dict[str, float]) -> dict:
 
 
 def measure(url: str, model: str, specs, deadline: float, slo: float) -> dict:
-    before = scrape(url)
+    before = scrape_metrics(url)
     results, elapsed = asyncio.run(run_load(url, model, specs, deadline))
     return {**run_stats(results, elapsed, slo), **pages_after(url, before)}
 
@@ -191,7 +140,7 @@ def run_format(name: str, art: dict, args, plan: Plan, workload: Workload, fmt: 
     try:
         server.wait_healthy(min(args.startup_timeout, max(1.0, end - time.perf_counter())))
         fmt["startup_s"] = round(time.perf_counter() - t, 1)
-        fmt["kv_pages_total"] = int(scrape(server.url)["qoq_kv_pages_total"])
+        fmt["kv_pages_total"] = int(scrape_metrics(server.url)["qoq_kv_pages_total"])
         print(f"{name}: serving after {fmt['startup_s']} s, {fmt['kv_pages_total']} KV pages", flush=True)
         specs = burst(workload, args.warmup_requests, args.warmup_output)
         fmt["warmup"] = {"requests": len(specs), **measure(server.url, name, specs, 120.0, args.slo_ttft_p99)}

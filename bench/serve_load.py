@@ -20,10 +20,11 @@ import asyncio
 import json
 import math
 import time
-import urllib.request
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from qoq.serve.process import scrape_metrics
 
 
 @dataclass(frozen=True)
@@ -215,23 +216,11 @@ def run_stats(results: list[Result], elapsed: float, slo_ttft_p99: float) -> dic
     return row
 
 
-def scrape(base_url: str, timeout: float = 10.0) -> dict[str, float]:
-    """/metrics samples by name (labels kept in the name)."""
-    with urllib.request.urlopen(base_url + "/metrics", timeout=timeout) as resp:
-        text = resp.read().decode()
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            out[name] = float(value)
-    return out
-
-
 def settle(base_url: str, timeout: float = 15.0) -> dict[str, float]:
     """Wait until the server is idle with every KV page free; the last /metrics sample either way."""
     end = time.monotonic() + timeout
     while True:
-        m = scrape(base_url)
+        m = scrape_metrics(base_url)
         idle = m["qoq_requests_running"] == 0 and m["qoq_requests_waiting"] == 0
         if (idle and m["qoq_kv_pages_used"] == 0 and m["qoq_kv_pages_free"] == m["qoq_kv_pages_total"]) \
                 or time.monotonic() > end:

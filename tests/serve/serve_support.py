@@ -1,16 +1,13 @@
 """Helpers for the server tests (a module of its own: `conftest` names clash across test folders)."""
 
 import json
-import os
-import socket
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from qoq.serve.process import REPO, ServerProcess, scrape_metrics  # noqa: F401 (REPO: for the tests)
+
 CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
                  "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 PAGE_BYTES = 10240  # one tiny-model KV page: 2 layers x K,V x 2 heads x 64 tokens x (32/2 + 4) bytes
@@ -19,67 +16,15 @@ API_KEY = "sekret"
 MODEL = "tiny"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+class Server(ServerProcess):
+    """The server on the reference backend, healthy on return."""
 
-
-class Server:
     def __init__(self, artifact: Path, log_path: Path, *args: str):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_path
-        env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
-        env.pop("QOQ_API_KEY", None)
-        self.log = open(log_path, "wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "qoq.cli", "serve", str(artifact), "--port",
-                                      str(self.port), "--backend", "reference", *args],
-                                     stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
-        self._wait_healthy(timeout=120)
-
-    def _wait_healthy(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited {self.proc.returncode}:\n{self.output()}")
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.2)
-        raise RuntimeError(f"server not healthy after {timeout} s:\n{self.output()}")
-
-    def output(self) -> str:
-        self.log.flush()
-        return self.log_path.read_text(errors="replace")
+        super().__init__(artifact, log_path, ["--backend", "reference", *args])
+        self.wait_healthy(timeout=120)
 
     def metrics(self, api_key: str | None = None) -> dict[str, float]:
-        """The unlabelled samples and counters of /metrics by name (labels kept in the name)."""
-        req = urllib.request.Request(self.url + "/metrics")
-        if api_key:
-            req.add_header("Authorization", f"Bearer {api_key}")
-        with urllib.request.urlopen(req, timeout=10) as r:
-            text = r.read().decode()
-        out = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                name, value = line.rsplit(" ", 1)
-                out[name] = float(value)
-        return out
-
-    def stop(self) -> int | None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        self.log.close()
-        return self.proc.returncode
+        return scrape_metrics(self.url, api_key)
 
 
 def wait_for(predicate, timeout: float = 20.0, interval: float = 0.1):
