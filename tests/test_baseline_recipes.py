@@ -1,4 +1,4 @@
-"""The baseline recipes (Atom, QuaRot) end to end on a tiny random model: the
+"""The baseline recipes (Atom, QuaRot, SmoothQuant) end to end on a tiny random model: the
 artifact's executor computes what the pipeline's in-memory model does, the artifact carries the format's
 tensors and a server-safe quant_method, and impossible combinations are refused in one line."""
 
@@ -18,6 +18,7 @@ from qoq.recipe import Calibration, RecipeError, load_recipe
 BASELINES = {
     "atom-w4a4kv4g64": ("w4a4", {"w_scales", "qweight_outliers", "input_order"}),
     "quarot-w4a4kv4": ("w4a4", {"w_scales"}),
+    "smoothquant-w8a8": ("w8a8", {"w_scales"}),
 }
 
 
@@ -116,6 +117,7 @@ def test_atom_g128_refuses_smollm2_and_points_to_g64():
     ('passes = ["rtn"]\n[format]\nweight_bits = 8\nact_bits = 8\nweight_scheme = "symmetric"\n',
      "W8A8 is per channel: 'format.group_size' must be -1"),
     ('passes = ["rtn"]\n[format]\nact_bits = 16\n', "W4A16 takes 'format.weight_scheme' = \"asymmetric\""),
+    ('passes = ["smoothquant"]\n[format]\nweight_bits = 16\nact_bits = 16\n', "pass 'smoothquant' works on"),
 ])
 def test_bad_format_combinations(tmp_path, body, needle):
     path = tmp_path / "mine.toml"
