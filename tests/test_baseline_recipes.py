@@ -1,4 +1,4 @@
-"""The baseline recipes (Atom, QuaRot, SmoothQuant) end to end on a tiny random model: the
+"""The baseline recipes (Atom, QuaRot, SmoothQuant, AWQ, GPTQ) end to end on a tiny random model: the
 artifact's executor computes what the pipeline's in-memory model does, the artifact carries the format's
 tensors and a server-safe quant_method, and impossible combinations are refused in one line."""
 
@@ -10,6 +10,7 @@ import torch
 from checkpoints import make_tiny_checkpoint
 from qoq.executor import load_artifact_model
 from qoq.models.config import ModelConfig
+from qoq.passes.awq import AWQOptions
 from qoq.passes.clip import ClipOptions
 from qoq.passes.pipeline import check_compatible, quantize_model
 from qoq.recipe import Calibration, RecipeError, load_recipe
@@ -19,6 +20,8 @@ BASELINES = {
     "atom-w4a4kv4g64": ("w4a4", {"w_scales", "qweight_outliers", "input_order"}),
     "quarot-w4a4kv4": ("w4a4", {"w_scales"}),
     "smoothquant-w8a8": ("w8a8", {"w_scales"}),
+    "gptq-w4a16g128": ("w4a16", {"w_scales", "w_zeros"}),
+    "awq-w4a16g64": ("w4a16", {"w_scales", "w_zeros"}),
 }
 
 
@@ -27,6 +30,8 @@ def small(name: str):
     options = dict(recipe.pass_options)
     if "clip" in options and not options["clip"].fixed_ratio:
         options["clip"] = ClipOptions(grid=4)  # coarse searches keep the test fast
+    if "awq" in options:
+        options["awq"] = AWQOptions(grid=5, clip_grid=4)
     return dataclasses.replace(recipe, calibration=Calibration(samples=4, seq_len=128, seed=42),
                                pass_options=options)
 
@@ -117,6 +122,7 @@ def test_atom_g128_refuses_smollm2_and_points_to_g64():
     ('passes = ["rtn"]\n[format]\nweight_bits = 8\nact_bits = 8\nweight_scheme = "symmetric"\n',
      "W8A8 is per channel: 'format.group_size' must be -1"),
     ('passes = ["rtn"]\n[format]\nact_bits = 16\n', "W4A16 takes 'format.weight_scheme' = \"asymmetric\""),
+    ('passes = ["awq", "rtn"]\n', "pass 'awq' works on W4A16 formats, not W4A8"),
     ('passes = ["smoothquant"]\n[format]\nweight_bits = 16\nact_bits = 16\n', "pass 'smoothquant' works on"),
 ])
 def test_bad_format_combinations(tmp_path, body, needle):
