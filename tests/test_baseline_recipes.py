@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 import torch
-
 from checkpoints import make_tiny_checkpoint
+
 from qoq.executor import load_artifact_model
 from qoq.models.config import ModelConfig
 from qoq.passes.awq import AWQOptions
@@ -110,8 +110,8 @@ def test_atom_g128_refuses_smollm2_and_points_to_g64():
     ('passes = ["rtn"]\n[format]\nweight_bits = 8\nact_bits = 4\n', "'format.act_bits' = 4 with 'format.weight_bits' = 8"),
     ('passes = ["rtn"]\n[format]\nact_bits = 4\nweight_scheme = "symmetric"\noutlier_channels = 128\n',
      "needs the 'outlier_reorder' pass"),
-    ('passes = ["outlier_reorder", "rtn"]\n[format]\ngroup_size = -1\nact_bits = 4\nweight_scheme = "symmetric"\n'
-     'outlier_channels = 128\n', "'format.outlier_channels' needs the grouped symmetric W4A4 format"),
+    (('passes = ["outlier_reorder", "rtn"]\n[format]\ngroup_size = -1\nact_bits = 4\nweight_scheme = "symmetric"\n'
+      'outlier_channels = 128\n'), "'format.outlier_channels' needs the grouped symmetric W4A4 format"),
     ('passes = ["outlier_reorder", "rtn"]\n[format]\nact_bits = 4\nweight_scheme = "symmetric"\noutlier_channels = 100\n',
      "'format.outlier_channels' = 100 is not a multiple of 32"),
     ('passes = ["outlier_reorder", "rtn"]\n', "pass 'outlier_reorder' works on W4A4 formats, not W4A8"),
@@ -131,3 +131,32 @@ def test_bad_format_combinations(tmp_path, body, needle):
     with pytest.raises(RecipeError) as e:
         load_recipe(str(path))
     assert needle in str(e.value) and str(path) in str(e.value)
+
+
+@pytest.mark.parametrize("recipe", ["atom-w4a4kv4g64", "awq-w4a16g64"])
+def test_quantizing_twice_gives_identical_bytes(tmp_path, tiny256, shared_data, recipe):
+    for run in ("a", "b"):
+        quantize_model(str(tiny256), small(recipe), tmp_path / run, data_dir=shared_data, show_progress=False)
+    files = sorted(p.name for p in (tmp_path / "a").iterdir())
+    assert files == sorted(p.name for p in (tmp_path / "b").iterdir()) and "model.safetensors" in files
+    for name in files:
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+
+
+@pytest.mark.parametrize("recipe", ["quarot-w4a4kv4", "smoothquant-w8a8"])
+def test_qwen2_biases_survive_rotation_and_smoothing(tmp_path, tiny_tokenizer, shared_data, recipe):
+    """q/k/v biases, perturbed norms, GQA and an untied head through QuaRot's rotation and SmoothQuant's
+    scaling: the quantized model stays near the float one and the executor matches the pipeline."""
+    from qoq.models.loader import load_model
+
+    src = make_tiny_checkpoint(tmp_path / "qwen", tiny_tokenizer, arch="qwen2", hidden=128, intermediate=256,
+                               heads=4, kv_heads=2, perturb=True)
+    result = quantize_model(str(src), small(recipe), tmp_path / "art", data_dir=shared_data, keep_model=True,
+                            show_progress=False)
+    executed, _ = load_artifact_model(tmp_path / "art")
+    float_lm, _ = load_model(src)
+    ids = torch.randint(0, 300, (1, 40), generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        fake, real, ref = result.model(ids), executed(ids), float_lm(ids)
+    assert _rel(real, fake) < 1e-5
+    assert _rel(real, ref) < (0.05 if recipe == "smoothquant-w8a8" else 0.5)

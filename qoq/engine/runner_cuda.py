@@ -82,7 +82,7 @@ class _Layer:
             self.o, self.down = attn.o_proj, mlp.down_proj
         else:
             dtype = self.ln1.dtype  # W4A16's dequantized weights are fp32 buffers: cast like the float ones
-            cat = lambda ms, name: (None if getattr(ms[0], name) is None  # noqa: E731
+            cat = lambda ms, name: (None if getattr(ms[0], name) is None
                                     else torch.cat([getattr(m, name) for m in ms]).to(dtype))
             linear = (lambda w, b: Fp8Linear.from_fp16(w, b, kernel)) if fp8 else _Fp16Linear
             qkv, gate_up = [attn.q_proj, attn.k_proj, attn.v_proj], [mlp.gate_proj, mlp.up_proj]

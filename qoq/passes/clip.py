@@ -25,7 +25,7 @@ def search_clip_ratios(weight: torch.Tensor, group_size: int, error: OutputError
     Returns (ratio [N], error at ratios[0] [N], error at the chosen ratio [N])."""
     n = weight.shape[0]
     if quantize is None:
-        quantize = lambda w, r: fake_quantize(w, group_size, clip_ratio=r)  # noqa: E731
+        quantize = lambda w, r: fake_quantize(w, group_size, clip_ratio=r)
 
     def error_at(r: float) -> torch.Tensor:  # [N]
         return error(weight - quantize(weight, torch.full((n,), r)))
@@ -74,7 +74,7 @@ class Clip(Pass):
         for name in BLOCK_LINEARS:
             weight = block.get_submodule(name).weight.detach().float()  # [N, K]
             error, order = errors[SHARED_INPUT[name]], ctx.input_orders.get(SHARED_INPUT[name])
-            quantize = lambda w, r, order=order: fake_quantize_for_format(w, fmt, r, order)  # noqa: E731
+            quantize = lambda w, r, order=order: fake_quantize_for_format(w, fmt, r, order)
             if o.fixed_ratio > 0:  # every channel takes it; the errors still say what it did
                 ratio = torch.full((weight.shape[0],), o.fixed_ratio)
                 err_before, err_after = error(weight - quantize(weight, None)), error(weight - quantize(weight, ratio))

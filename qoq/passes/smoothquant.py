@@ -63,11 +63,11 @@ class SmoothQuant(Pass):
         for owner in owners:
             weights = reader_weights(block, owner)
             w_max = torch.stack([w.abs().amax(dim=0) for w in weights]).amax(dim=0)  # [K]
-            scales = lambda a: smoothing_scales(x_max[owner].cpu(), w_max, a, 1 - a)  # noqa: E731
-            table = {a: smoothed_mse(xs[owner], weights, scales(a), fmt) for a in
-                     (opts.grid() if opts.search else [opts.alpha])}
+            x_owner = x_max[owner].cpu()
+            table = {a: smoothed_mse(xs[owner], weights, smoothing_scales(x_owner, w_max, a, 1 - a), fmt)
+                     for a in (opts.grid() if opts.search else [opts.alpha])}
             alpha = min(table, key=table.get)  # the first of equal values
-            s = scales(alpha)
+            s = smoothing_scales(x_owner, w_max, alpha, 1 - alpha)
             record[owner] = {"alpha": alpha, "searched": opts.search, "mse_after": table[alpha],
                              "mse_before": smoothed_mse(xs[owner], weights, torch.ones_like(s), fmt),
                              "scale_min": s.min().item(), "scale_max": s.max().item()}

@@ -31,7 +31,7 @@ def _out(block, h):
 def test_fold_input_scales_is_exact(model):
     lm = random_lm(TINY[model])
     block = lm.model.layers[0]
-    ctx, h = _context(lm, Format())
+    _, h = _context(lm, Format())
     before = _out(block, h)
     for owner in SCALABLE_INPUTS:
         k = block.get_submodule(owner).in_features

@@ -4,7 +4,12 @@ and against exact integer math, artifact round trip, Atom's INT8 outlier channel
 import pytest
 import torch
 
-from qoq.quant.symmetric import Groups, fake_quant_token_groups, quantize_symmetric, quantize_token_groups
+from qoq.quant.symmetric import (
+    Groups,
+    fake_quant_token_groups,
+    quantize_symmetric,
+    quantize_token_groups,
+)
 from qoq.quant.symmetric_linear import SymmetricIntegerLinear, export_symmetric
 
 FORMATS = {  # name -> (K, group_size, bits, outliers, act_clip)
