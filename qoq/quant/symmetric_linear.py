@@ -76,8 +76,8 @@ class SymmetricIntegerLinear(nn.Module):
         w = self.weight[:, lo:hi]
         m, n = qx.shape[0], w.shape[0]
         if qx.is_cuda:
-            if m > 16 and (hi - lo) % 8 == 0 and n % 8 == 0:
-                return torch._int_mm(qx[:, lo:hi].to(torch.int8).contiguous(), w.t()).double()
+            if m > 16 and (hi - lo) % 8 == 0 and n % 8 == 0:  # _int_mm's shape rules
+                return torch._int_mm(qx[:, lo:hi].to(torch.int8).contiguous(), self._group_weight(lo, hi).t()).double()
             return qx[:, lo:hi].double() @ w.double().t()
         wf = self._weight_f32()[:, lo:hi]
         bound = int(qx[:, lo:hi].abs().max()) * int(w.abs().max()) if qx.numel() else 0
@@ -89,6 +89,16 @@ class SymmetricIntegerLinear(nn.Module):
             k1 = min(k0 + step, hi)
             acc += (qx[:, k0:k1] @ self._weight_f32()[:, k0:k1].t()).double()
         return acc
+
+    def _group_weight(self, lo: int, hi: int) -> torch.Tensor:
+        """int8 [N, hi - lo], contiguous (its transpose is the column-major operand _int_mm takes), kept
+        per group and device."""
+        cache = getattr(self, "_w_groups", None)
+        if cache is None or cache[0] != self.weight.device:
+            cache = self._w_groups = (self.weight.device, {})
+        if (lo, hi) not in cache[1]:
+            cache[1][(lo, hi)] = self.weight[:, lo:hi].contiguous()
+        return cache[1][(lo, hi)]
 
     def _weight_f32(self) -> torch.Tensor:
         if getattr(self, "_w_f32", None) is None or self._w_f32.device != self.weight.device:

@@ -57,3 +57,19 @@ def test_reference_engine_serves_w4a4_and_the_cuda_runner_refuses_it(make_engine
     assert all(len(o.token_ids) == 4 for o in outs)
     with pytest.raises(ValueError, match="W4A4 artifacts have no GPU path: Hopper has no INT4 tensor-core MMA"):
         CudaRunner(artifacts["w4a4"], kv_budget=1 << 20, device="cpu", ops="reference")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("kind", ["w8a8", "w4a16"])
+def test_cuda_engine_runs_w8a8_and_w4a16_near_the_reference(make_engine, artifacts, kind):
+    """On the GPU in fp16 (W8A8: the executor's _int_mm modules, no CUDA graphs; W4A16: dequantized fp16
+    weights through cuBLAS): the first generated token's logits near the reference runner's."""
+    import torch
+
+    params = SamplingParams(max_tokens=2, ignore_eos=True)
+    want = make_engine(artifacts[kind], record_logits=True).generate(PROMPTS, params)
+    got = make_engine(artifacts[kind], backend="cuda", kv_budget=64 << 20, record_logits=True).generate(PROMPTS, params)
+    for g, w in zip(got, want):
+        a, b = g.logits[0].float().cpu(), w.logits[0].float().cpu()
+        assert ((a - b).norm() / b.norm()).item() < 0.05
+        assert torch.isfinite(a).all()
