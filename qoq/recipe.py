@@ -53,6 +53,9 @@ def parse_recipe(raw: dict, name: str, where: str) -> Recipe:
     if fmt.outlier_channels and "outlier_reorder" not in passes:
         raise RecipeError(f"{where}: 'format.outlier_channels' = {fmt.outlier_channels} needs the "
                           "'outlier_reorder' pass (it picks the outlier channels)")
+    if fmt.online_hadamard and "rotation" not in passes:
+        raise RecipeError(f"{where}: 'format.online_hadamard' needs the 'rotation' pass (it folds the "
+                          "rotation into down_proj)")
     if fmt.weight_bits == 16 and quantizers:
         raise RecipeError(f"{where}: 'format.weight_bits' = 16 but passes {quantizers} quantize weights")
     return Recipe(name, str(raw.get("description", "")), tuple(passes), fmt, calib, options, where)

@@ -27,6 +27,9 @@ class Format:
     # the `outlier_reorder` pass) stay INT8 in weights and activations (Atom's outliers)
     outlier_channels: int = 0
     act_clip: float = 1.0  # symmetric schemes: the activation scale covers act_clip·max|x| (clipped)
+    # symmetric schemes: down_proj's input rotated at run time by a Hadamard of the intermediate size,
+    # W_down ← W_down·R folded by the `rotation` pass (QuaRot's online Hadamard)
+    online_hadamard: bool = False
 
     @property
     def kind(self) -> str:
@@ -55,6 +58,8 @@ def format_problem(fmt: Format) -> str | None:
         return f"'format.outlier_channels' = {fmt.outlier_channels} is not a multiple of 32 (the packed layout)"
     if pair == (8, 8) and fmt.group_size != -1:
         return "W8A8 is per channel: 'format.group_size' must be -1"
+    if fmt.online_hadamard and scheme != "symmetric":
+        return "'format.online_hadamard' applies to the symmetric W4A4 / W8A8 formats only"
     if fmt.act_clip != 1.0 and scheme != "symmetric":
         return "'format.act_clip' applies to the symmetric W4A4 / W8A8 activations only"
     return None

@@ -60,6 +60,8 @@ def test_baseline_quantizes_and_executes(tmp_path, tiny256, shared_data, recipe)
         fake, real, ref = result.model(ids), executed(ids), float_lm(ids)
     assert _rel(real, fake) < 1e-5
     assert (1e-4 if kind == "w8a8" else 1e-3) < _rel(real, ref) < 0.5  # quantized: moved, but not far
+    rotated = executed.model.layers[1].mlp.down_input_transform is not None
+    assert rotated == load_recipe(recipe).format.online_hadamard  # QuaRot's online Hadamard, applied by the executor
     q = "model.layers.1.mlp.down_proj"
     assert {n.removeprefix(q + ".") for n in art.tensors if n.startswith(q + ".")} == {"qweight"} | parts
     method = art.config["quantization_config"]["quant_method"]
@@ -122,6 +124,10 @@ def test_atom_g128_refuses_smollm2_and_points_to_g64():
     ('passes = ["rtn"]\n[format]\nweight_bits = 8\nact_bits = 8\nweight_scheme = "symmetric"\n',
      "W8A8 is per channel: 'format.group_size' must be -1"),
     ('passes = ["rtn"]\n[format]\nact_bits = 16\n', "W4A16 takes 'format.weight_scheme' = \"asymmetric\""),
+    ('passes = ["rotation", "rtn"]\n[format]\nonline_hadamard = true\n',
+     "'format.online_hadamard' applies to the symmetric W4A4 / W8A8 formats only"),
+    ('passes = ["rtn"]\n[format]\nact_bits = 4\nweight_scheme = "symmetric"\nonline_hadamard = true\n',
+     "'format.online_hadamard' needs the 'rotation' pass"),
     ('passes = ["awq", "rtn"]\n', "pass 'awq' works on W4A16 formats, not W4A8"),
     ('passes = ["smoothquant"]\n[format]\nweight_bits = 16\nact_bits = 16\n', "pass 'smoothquant' works on"),
 ])

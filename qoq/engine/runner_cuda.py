@@ -109,7 +109,11 @@ class CudaRunner:
         self.dtype = dtype
         lm, art = load_artifact_model(artifact_dir, backend="cuda", device=device, dtype=dtype)
         cfg = self.config = lm.config
-        kind = artifact_format(art).kind  # load_artifact_model refused what has no GPU path (W4A4)
+        fmt = artifact_format(art)
+        kind = fmt.kind  # load_artifact_model refused what has no GPU path (W4A4)
+        if fmt.online_hadamard:
+            raise ValueError(f"{artifact_dir}: its format rotates down_proj's input at run time (online Hadamard), "
+                             "which the CUDA runner does not do; use the reference backend")
         # W8A8 and W4A16 run their executor modules / dequantized weights on the float path's loop
         self.quantized = kind == "w4a8"
         if quantization is not None and kind != "w16a16":

@@ -10,6 +10,7 @@ from qoq.export.artifact import Artifact, ArtifactError, read_artifact
 from qoq.models.config import ModelConfig
 from qoq.models.llama import BLOCK_LINEARS, CausalLM
 from qoq.quant.formats import linear_from_tensors
+from qoq.quant.hadamard import OnlineRotation
 from qoq.quant.kv import fake_quant_kv
 from qoq.recipe_schema import Format, format_problem
 from qoq.registry import Registry
@@ -73,6 +74,7 @@ def load_artifact_model(path: str | Path, backend: str = "reference", device: st
             if prefix in quantized:
                 block.set_submodule(name, make_linear(art.tensors, prefix, fmt).to(device))
         block.self_attn.kv_quant = fake_quant_kv if fmt.kv_bits == 4 else None
+        block.mlp.down_input_transform = OnlineRotation(cfg.intermediate_size) if fmt.online_hadamard else None
     missing = [n for n, p in lm.named_parameters() if p.device.type == "meta"]
     if missing:
         raise ArtifactError(f"{art.path}: artifact lacks tensor {missing[0]} ({len(missing)} missing)")

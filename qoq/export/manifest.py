@@ -47,7 +47,7 @@ class Manifest:
 
 OPTIONAL_TABLES = {"passes": dict, "calibration": dict, "source": dict, "block_rel_err": list}
 FORMAT_KEYS = {"weight_bits": int, "group_size": int, "act_bits": int, "kv_bits": int, "weight_scheme": str,
-               "outlier_channels": int, "act_clip": (int, float)}
+               "outlier_channels": int, "act_clip": (int, float), "online_hadamard": bool}
 
 
 def _typed(raw, key: str, kind, where: str, optional: bool = False):
@@ -99,7 +99,8 @@ def parse_manifest(raw, root: Path, where: str) -> Manifest:
     name = _typed(recipe_raw, "name", str, f"{where}: recipe")
     fmt = _typed(recipe_raw, "format", dict, f"{where}: recipe", optional=True)
     for key, value in (fmt or {}).items():
-        if key not in FORMAT_KEYS or not isinstance(value, FORMAT_KEYS[key]) or isinstance(value, bool):
+        kind = FORMAT_KEYS.get(key)
+        if kind is None or not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
             raise ManifestError(f"{where}: recipe.format.{key} = {value!r} is not a known format field")
     tensors = _typed(raw, "tensors", dict, where)
     for key, kind in OPTIONAL_TABLES.items():
