@@ -16,7 +16,12 @@ import torch
 from torch import nn
 
 from qoq.passes.base import PASSES, BlockContext, ModelContext, Pass
-from qoq.quant.hadamard import KroneckerOrthogonal, OnlineRotation, hadamard, hadamard_rotation
+from qoq.quant.hadamard import (
+    KroneckerOrthogonal,
+    OnlineRotation,
+    hadamard,
+    hadamard_rotation,
+)
 
 NORM_FEEDS = {  # norm -> the linears reading its output (they absorb γ and take W ← W·R)
     "input_layernorm": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
