@@ -64,6 +64,11 @@ def test_baseline_quantizes_and_executes(tmp_path, tiny256, shared_data, recipe)
     assert rotated == load_recipe(recipe).format.online_hadamard  # QuaRot's online Hadamard, applied by the executor
     q = "model.layers.1.mlp.down_proj"
     assert {n.removeprefix(q + ".") for n in art.tensors if n.startswith(q + ".")} == {"qweight"} | parts
+    from qoq.eval.runner import evaluate_task
+
+    ppl = evaluate_task("wikitext2", str(tmp_path / "art"), windows=1, seq_len=128, data_dir=shared_data,
+                        show_progress=False)  # `qoq eval` on the artifact: a finite perplexity
+    assert ppl["artifact"] and ppl["recipe"] == recipe and 1 < ppl["ppl"] < 1e6
     method = art.config["quantization_config"]["quant_method"]
     assert method.startswith(f"qoq-{kind}-") and load_recipe(recipe).format.kind == kind
 
