@@ -32,4 +32,4 @@ def test_weight_only_linear_fp16_on_gpu(group):
     lin = WeightOnlyLinear(quantize_asymmetric(w, group))
     cpu = lin(x)
     gpu = lin.to("cuda")(x.cuda().half()).float().cpu()
-    assert rel_err(gpu, cpu) < 2e-3
+    assert rel_err(gpu, cpu) < 5e-3  # fp16 weights and activations, cuBLAS fp16 GEMM
