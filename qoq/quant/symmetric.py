@@ -109,9 +109,17 @@ class SymmetricWeight:
     def shape(self) -> tuple[int, int]:
         return tuple(self.q.shape)
 
-    @property
+    @cached_property
     def groups(self) -> Groups:
         return Groups(self.q.shape[1], self.group_size, self.bits, self.outliers)
+
+    @cached_property
+    def _columns(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per (ordered) column: its group [K], its qmax [K] fp32, and the scales fp32 [N, G] (GPTQ rounds
+        one column at a time: these are built once per grid, not per column)."""
+        g, dev = self.groups, self.q.device
+        cols = g.column_group.to(dev)
+        return cols, g.qmax.to(dev)[cols], self.scales.float()
 
     def dequantize_ordered(self) -> torch.Tensor:
         """fp32 [N, K] in the stored (ordered) column order: q·scale."""
@@ -140,10 +148,9 @@ class SymmetricWeight:
     def round_onto(self, w: torch.Tensor, columns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Codes of w [N, C] on this grid's fixed scales as its (ordered) columns `columns` [C]:
         (codes int8 [N, C], dequantized fp32 [N, C]) (GPTQ's rounding)."""
-        g = self.groups
-        cols = g.column_group.to(w.device)[columns]
-        scale = self.scales.float()[:, cols]  # [N, C]
-        qmax = g.qmax.to(w.device)[cols]
+        column_group, column_qmax, scales = self._columns
+        scale = scales[:, column_group[columns]]  # [N, C]
+        qmax = column_qmax[columns]
         q = torch.maximum(torch.minimum(torch.round(w.float() / scale), qmax), -qmax - 1)
         return q.to(torch.int8), q * scale
 
