@@ -134,6 +134,8 @@ def test_atom_g128_refuses_smollm2_and_points_to_g64():
     ('passes = ["rtn"]\n[format]\nact_bits = 4\nweight_scheme = "symmetric"\nonline_hadamard = true\n',
      "'format.online_hadamard' needs the 'rotation' pass"),
     ('passes = ["awq", "rtn"]\n', "pass 'awq' works on W4A16 formats, not W4A8"),
+    ('passes = ["smooth_down", "rtn"]\n[format]\nact_bits = 4\nweight_scheme = "symmetric"\n',
+     "pass 'smooth_down' works on W4A8/W16A16 formats, not W4A4"),
     ('passes = ["smoothquant"]\n[format]\nweight_bits = 16\nact_bits = 16\n', "pass 'smoothquant' works on"),
 ])
 def test_bad_format_combinations(tmp_path, body, needle):
