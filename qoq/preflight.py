@@ -39,14 +39,15 @@ def check_output(output: Path, overwrite: bool, model_dir: Path) -> None:
 
 
 def estimate_artifact_bytes(shapes: dict[str, list[int]], recipe: Recipe, tied: bool) -> int:
-    """Bytes the artifact will take: W4 linears at half a byte a weight plus their scales, the rest fp16."""
+    """Bytes the artifact will take: quantized linears at weight_bits / 8 bytes a weight plus their
+    scales (an upper bound for every scheme), the rest fp16."""
     total = 0
     g = recipe.format.group_size
     for name, shape in shapes.items():
         numel = _numel(shape)
         if recipe.quantizes_weights and BLOCK_LINEAR.match(name) and len(shape) == 2:
             n, k = shape
-            total += numel // 2 + 4 * n + (2 * numel // g if g > 0 else 0)
+            total += numel * recipe.format.weight_bits // 8 + 4 * n + (2 * numel // g if g > 0 else 0)
         else:
             total += 2 * numel
     if tied and "rotation" in recipe.passes:  # rotation unties the embeddings: lm_head is written too

@@ -10,7 +10,7 @@ import tomllib
 from pathlib import Path
 
 from qoq.passes import PASSES  # importing registers every pass
-from qoq.recipe_schema import Calibration, Format, Recipe, RecipeError, parse_section
+from qoq.recipe_schema import Calibration, Format, Recipe, RecipeError, format_problem, parse_section
 
 __all__ = ["RECIPE_DIR", "Calibration", "Format", "Recipe", "RecipeError", "load_recipe", "parse_recipe",
            "recipe_names"]
@@ -40,11 +40,22 @@ def parse_recipe(raw: dict, name: str, where: str) -> Recipe:
     fmt = parse_section(Format, raw.get("format", {}), "format", where)
     calib = parse_section(Calibration, raw.get("calibration", {}), "calibration", where)
     quantizers = [p for p in passes if PASSES.get(p).quantizes]
-    if fmt.weight_bits == 4 and len(quantizers) != 1:
-        raise RecipeError(f"{where}: a 4-bit recipe needs exactly one quantizing pass, got {quantizers}")
-    if (fmt.weight_bits, fmt.act_bits) not in ((4, 8), (16, 16)):
-        raise RecipeError(f"{where}: 'format.act_bits' = {fmt.act_bits} with 'format.weight_bits' = "
-                          f"{fmt.weight_bits}: the runtime runs W4A8 or W16A16 linears")
+    problem = format_problem(fmt)
+    if problem:
+        raise RecipeError(f"{where}: {problem}")
+    if fmt.weight_bits != 16 and len(quantizers) != 1:
+        raise RecipeError(f"{where}: a {fmt.weight_bits}-bit recipe needs exactly one quantizing pass, got {quantizers}")
+    for p in passes:
+        needs = PASSES.get(p).formats
+        if needs and fmt.kind not in needs:
+            raise RecipeError(f"{where}: pass '{p}' works on {'/'.join(f.upper() for f in needs)} formats, "
+                              f"not {fmt.kind.upper()}")
+    if fmt.outlier_channels and "outlier_reorder" not in passes:
+        raise RecipeError(f"{where}: 'format.outlier_channels' = {fmt.outlier_channels} needs the "
+                          "'outlier_reorder' pass (it picks the outlier channels)")
+    if fmt.online_hadamard and "rotation" not in passes:
+        raise RecipeError(f"{where}: 'format.online_hadamard' needs the 'rotation' pass (it folds the "
+                          "rotation into down_proj)")
     if fmt.weight_bits == 16 and quantizers:
         raise RecipeError(f"{where}: 'format.weight_bits' = 16 but passes {quantizers} quantize weights")
     return Recipe(name, str(raw.get("description", "")), tuple(passes), fmt, calib, options, where)

@@ -54,26 +54,43 @@ class _Fp16Linear:
         return F.linear(x, self.weight, self.bias)
 
 
+class _Unfused:
+    """Linears reading one input, run one by one and concatenated: the W8A8 artifact's executor modules
+    (SymmetricIntegerLinear: per-token INT8 through torch._int_mm on the GPU)."""
+
+    def __init__(self, modules):
+        self.modules = modules
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([m(x) for m in self.modules], dim=-1)
+
+
 class _Layer:
     """One decoder block's fused weights: W4A8 (`quantized`), else fp16 linears or, with `fp8`, e4m3
-    ones quantized here from the fp16 weights (Fp8Linear; `kernel`: torch._scaled_mm, else its reference)."""
+    ones quantized here from the fp16 weights (Fp8Linear; `kernel`: torch._scaled_mm, else its reference);
+    `kind` "w4a16": the executor's dequantized weights as fp16 linears; "w8a8": its integer modules."""
 
-    def __init__(self, block, quantized: bool, fp8: bool = False, kernel: bool = True):
+    def __init__(self, block, quantized: bool, fp8: bool = False, kernel: bool = True, kind: str = "w4a8"):
         attn, mlp = block.self_attn, block.mlp
         self.ln1, self.ln2 = block.input_layernorm.weight, block.post_attention_layernorm.weight
         self.eps = block.input_layernorm.eps
-        if quantized:
+        if kind == "w8a8":
+            self.qkv = _Unfused([attn.q_proj, attn.k_proj, attn.v_proj])
+            self.gate_up = _Unfused([mlp.gate_proj, mlp.up_proj])
+            self.o, self.down = attn.o_proj, mlp.down_proj
+        elif quantized:
             self.qkv = fuse_w4a8([attn.q_proj, attn.k_proj, attn.v_proj])
             self.gate_up = fuse_w4a8([mlp.gate_proj, mlp.up_proj])
             self.o, self.down = attn.o_proj, mlp.down_proj
         else:
-            cat = lambda ms, name: None if getattr(ms[0], name) is None else torch.cat([getattr(m, name) for m in ms])
+            dtype = self.ln1.dtype  # W4A16's dequantized weights are fp32 buffers: cast like the float ones
+            cat = lambda ms, name: (None if getattr(ms[0], name) is None
+                                    else torch.cat([getattr(m, name) for m in ms]).to(dtype))
             linear = (lambda w, b: Fp8Linear.from_fp16(w, b, kernel)) if fp8 else _Fp16Linear
             qkv, gate_up = [attn.q_proj, attn.k_proj, attn.v_proj], [mlp.gate_proj, mlp.up_proj]
             self.qkv = linear(cat(qkv, "weight"), cat(qkv, "bias"))
             self.gate_up = linear(cat(gate_up, "weight"), cat(gate_up, "bias"))
-            self.o = linear(attn.o_proj.weight, attn.o_proj.bias)
-            self.down = linear(mlp.down_proj.weight, mlp.down_proj.bias)
+            self.o, self.down = (linear(cat([m], "weight"), cat([m], "bias")) for m in (attn.o_proj, mlp.down_proj))
         self.intermediate = mlp.gate_proj.out_features
 
 
@@ -94,16 +111,22 @@ class CudaRunner:
         self.dtype = dtype
         lm, art = load_artifact_model(artifact_dir, backend="cuda", device=device, dtype=dtype)
         cfg = self.config = lm.config
-        self.quantized = any(n.endswith(".qweight") for n in art.tensors)
-        if quantization is not None and self.quantized:
+        fmt = artifact_format(art)
+        kind = fmt.kind  # load_artifact_model refused what has no GPU path (W4A4)
+        if fmt.online_hadamard:
+            raise ValueError(f"{artifact_dir}: its format rotates down_proj's input at run time (online Hadamard), "
+                             "which the CUDA runner does not do; use the reference backend")
+        # W8A8 and W4A16 run their executor modules / dequantized weights on the float path's loop
+        self.quantized = kind == "w4a8"
+        if quantization is not None and kind != "w16a16":
             raise ValueError(f"quantization={quantization!r} quantizes an fp16 artifact at load; "
-                             f"{artifact_dir} already holds W4A8 weights")
+                             f"{artifact_dir} already holds {kind.upper()} weights")
         self.quantization = quantization
         self.kv4 = artifact_format(art).kv_bits == 4
         self.ops = KernelOps() if ops == "kernels" else ReferenceOps(dtype)
         self.hq, self.hkv, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         kernel = ops == "kernels" and self.device.type == "cuda"
-        self.layers = [_Layer(b, self.quantized, quantization == "fp8", kernel) for b in lm.layers]
+        self.layers = [_Layer(b, self.quantized, quantization == "fp8", kernel, kind) for b in lm.layers]
         self.embed_w, self.norm_w, self.head_w = lm.model.embed_tokens.weight, lm.model.norm.weight, lm.lm_head.weight
         self.eps = lm.model.norm.eps
         self.max_model_len = min(max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
@@ -121,7 +144,7 @@ class CudaRunner:
         self.num_pages = self.cache.num_pages
         self.scratch_page = self.num_pages - 1  # the BlockManager never hands it out
         self.graphs = None
-        if cuda_graphs and self.device.type == "cuda":
+        if cuda_graphs and self.device.type == "cuda" and kind != "w8a8":  # its quantizer copies host tensors
             from qoq.engine.cuda_graphs import DecodeGraphs
 
             self.graphs = DecodeGraphs(self, graph_batch_sizes)

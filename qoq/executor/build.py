@@ -9,21 +9,41 @@ import torch
 from qoq.export.artifact import Artifact, ArtifactError, read_artifact
 from qoq.models.config import ModelConfig
 from qoq.models.llama import BLOCK_LINEARS, CausalLM
+from qoq.quant.formats import linear_from_tensors
+from qoq.quant.hadamard import OnlineRotation
 from qoq.quant.kv import fake_quant_kv
-from qoq.quant.linear import IntegerLinear
-from qoq.recipe_schema import Format
+from qoq.recipe_schema import Format, format_problem
 from qoq.registry import Registry
 
-# backend name -> (artifact tensors, linear prefix) -> module computing that linear
+# backend name -> (artifact tensors, linear prefix, the artifact's Format) -> module computing that linear
 LINEAR_BACKENDS: Registry = Registry("executor backend")
-LINEAR_BACKENDS.register("reference")(IntegerLinear.from_tensors)
+LINEAR_BACKENDS.register("reference")(linear_from_tensors)
 
 
 @LINEAR_BACKENDS.register("cuda")
-def _cuda_linear(tensors: dict, prefix: str):
+def _cuda_linear(tensors: dict, prefix: str, fmt: Format):
+    """W4A8: the QoQ kernels; W8A8: torch._int_mm per token (SymmetricIntegerLinear on the GPU); W4A16:
+    dequantized weights and an fp16 GEMM (WeightOnlyLinear). W4A4 has no GPU path (design §3.7)."""
+    if fmt.kind == "w4a4":
+        raise ArtifactError("W4A4 artifacts have no GPU path: Hopper has no INT4 tensor-core MMA "
+                            "(docs/design.md §3.7); use --backend reference")
+    if fmt.kind != "w4a8":
+        return linear_from_tensors(tensors, prefix, fmt)
     from qoq.runtime_cuda.linear import CudaW4A8Linear  # needs a GPU and the JIT-built kernels
 
     return CudaW4A8Linear.from_tensors(tensors, prefix)
+
+
+def artifact_format(art: Artifact) -> Format:
+    """The artifact's Format, refused in one line if this qoq cannot run it."""
+    try:
+        fmt = Format(**art.manifest["recipe"].get("format", {}))
+    except TypeError as e:
+        raise ArtifactError(f"{art.path}: qoq.json recipe.format is not one this qoq knows ({e})") from None
+    problem = format_problem(fmt)
+    if problem:
+        raise ArtifactError(f"{art.path}: format not supported by this qoq: {problem}")
+    return fmt
 
 
 def _is_quantized_part(name: str, quantized_prefixes: set[str]) -> bool:
@@ -38,7 +58,7 @@ def load_artifact_model(path: str | Path, backend: str = "reference", device: st
     dtype = dtype or (torch.float16 if torch.device(device).type == "cuda" else torch.float32)
     art = read_artifact(path, complete=True)
     cfg = ModelConfig.from_hf(art.config)
-    fmt = Format(**art.manifest["recipe"].get("format", {}))
+    fmt = artifact_format(art)
     with torch.device("meta"):
         lm = CausalLM(cfg)
 
@@ -52,8 +72,9 @@ def load_artifact_model(path: str | Path, backend: str = "reference", device: st
         for name in BLOCK_LINEARS:
             prefix = f"model.layers.{i}.{name}"
             if prefix in quantized:
-                block.set_submodule(name, make_linear(art.tensors, prefix).to(device))
+                block.set_submodule(name, make_linear(art.tensors, prefix, fmt).to(device))
         block.self_attn.kv_quant = fake_quant_kv if fmt.kv_bits == 4 else None
+        block.mlp.down_input_transform = OnlineRotation(cfg.intermediate_size) if fmt.online_hadamard else None
     missing = [n for n, p in lm.named_parameters() if p.device.type == "meta"]
     if missing:
         raise ArtifactError(f"{art.path}: artifact lacks tensor {missing[0]} ({len(missing)} missing)")

@@ -50,7 +50,8 @@ def is_artifact(path: str | Path) -> bool:
     if not isinstance(config, dict):
         return False
     quant = config.get("quantization_config")
-    return CONFIG_MARK in config or (isinstance(quant, dict) and quant.get("quant_method") == "qoq")
+    method = quant.get("quant_method") if isinstance(quant, dict) else None
+    return CONFIG_MARK in config or (isinstance(method, str) and (method == "qoq" or method.startswith("qoq-")))
 
 
 def artifact_config(hf_config: dict, recipe) -> dict:
@@ -61,8 +62,11 @@ def artifact_config(hf_config: dict, recipe) -> dict:
     out = dict(hf_config)
     if recipe.quantizes_weights:
         f = recipe.format
+        # only the QoQ W4A8 tensors are what SGLang's "qoq" method loads; any other format gets a method name
+        # no server knows, so a server refuses it instead of misreading its tensors
+        method = "qoq" if f.kind == "w4a8" else f"qoq-{f.kind}-{f.weight_scheme}"
         out["quantization_config"] = {
-            "quant_method": "qoq", "wbits": f.weight_bits, "group_size": f.group_size, "abits": f.act_bits,
+            "quant_method": method, "wbits": f.weight_bits, "group_size": f.group_size, "abits": f.act_bits,
             "kv_bits": f.kv_bits, "recipe": recipe.name, "producer": f"qoq {qoq.__version__}"}
     out["dtype"] = out["torch_dtype"] = "float16"
     out[CONFIG_MARK] = {"format_version": qoq.FORMAT_VERSION, "recipe": recipe.name}

@@ -14,7 +14,8 @@ from rich.table import Table
 
 from qoq.export.artifact import load_manifest, read_json
 
-QUANT_SUFFIXES = (".qweight", ".s1_scales", ".s1_szeros", ".s2_scales", ".s2_zeros", ".bias")
+QUANT_SUFFIXES = (".qweight", ".s1_scales", ".s1_szeros", ".s2_scales", ".s2_zeros", ".bias", ".w_scales",
+                  ".w_zeros", ".qweight_outliers", ".input_order")
 DTYPE_NAMES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
 
 
@@ -25,12 +26,17 @@ def _numel(shape: list[int]) -> int:
     return n
 
 
-def _linear_format(prefix: str, entries: dict[str, dict]) -> str:
+def _linear_format(prefix: str, entries: dict[str, dict], fmt: dict) -> str:
+    bits = fmt.get("weight_bits", 4)
     if f"{prefix}.s1_szeros" in entries:
         return "w4 per-channel"
-    half_k = entries[f"{prefix}.qweight"]["shape"][1]
-    groups = entries[f"{prefix}.s2_scales"]["shape"][0]
-    return f"w4 g{2 * half_k // groups}"
+    if f"{prefix}.s2_scales" in entries:
+        half_k = entries[f"{prefix}.qweight"]["shape"][1]
+        return f"w4 g{2 * half_k // entries[f'{prefix}.s2_scales']['shape'][0]}"
+    kind = "asymmetric" if f"{prefix}.w_zeros" in entries else "symmetric"
+    group = fmt.get("group_size", -1)
+    outliers = f" + {fmt.get('outlier_channels')} int8 outliers" if f"{prefix}.qweight_outliers" in entries else ""
+    return f"w{bits} {kind} {'per-channel' if group == -1 else f'g{group}'}{outliers}"
 
 
 def inspect_artifact(path: str | Path) -> dict:
@@ -40,11 +46,14 @@ def inspect_artifact(path: str | Path) -> dict:
     entries: dict[str, dict] = manifest["tensors"]
     linears = [name.removesuffix(".qweight") for name in entries if name.endswith(".qweight")]
     owned = {f"{p}{s}" for p in linears for s in QUANT_SUFFIXES}
-    formats = Counter(_linear_format(p, entries) for p in linears)
+    recipe_format = (manifest.get("recipe") or {}).get("format") or {}
+    formats = Counter(_linear_format(p, entries, recipe_format) for p in linears)
     fp16_bytes = 0
     for prefix in linears:
-        n, half_k = entries[f"{prefix}.qweight"]["shape"]
-        fp16_bytes += 2 * n * 2 * half_k + (2 * n if f"{prefix}.bias" in entries else 0)
+        n = entries[f"{prefix}.qweight"]["shape"][0]
+        k = entries[f"{prefix}.input_order"]["shape"][0] if f"{prefix}.input_order" in entries else (
+            entries[f"{prefix}.qweight"]["shape"][1] * (1 if recipe_format.get("weight_bits") == 8 else 2))
+        fp16_bytes += 2 * n * k + (2 * n if f"{prefix}.bias" in entries else 0)
     for name, e in entries.items():
         if name not in owned:
             formats[DTYPE_NAMES.get(e["dtype"], e["dtype"])] += 1

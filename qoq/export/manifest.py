@@ -14,7 +14,9 @@ from pathlib import Path
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "uint8", "int16", "int32", "int64", "bool")
 QUANT_PARTS = {"per-channel": ("qweight", "s1_scales", "s1_szeros"),
-               "grouped": ("qweight", "s1_scales", "s2_scales", "s2_zeros")}
+               "grouped": ("qweight", "s1_scales", "s2_scales", "s2_zeros"),
+               "symmetric": ("qweight", "w_scales"),  # + qweight_outliers, input_order per format (§3.7)
+               "asymmetric": ("qweight", "w_scales", "w_zeros")}
 
 
 class ManifestError(ValueError):
@@ -44,7 +46,8 @@ class Manifest:
 
 
 OPTIONAL_TABLES = {"passes": dict, "calibration": dict, "source": dict, "block_rel_err": list}
-FORMAT_KEYS = ("weight_bits", "group_size", "act_bits", "kv_bits")
+FORMAT_KEYS = {"weight_bits": int, "group_size": int, "act_bits": int, "kv_bits": int, "weight_scheme": str,
+               "outlier_channels": int, "act_clip": (int, float), "online_hadamard": bool}
 
 
 def _typed(raw, key: str, kind, where: str, optional: bool = False):
@@ -96,13 +99,22 @@ def parse_manifest(raw, root: Path, where: str) -> Manifest:
     name = _typed(recipe_raw, "name", str, f"{where}: recipe")
     fmt = _typed(recipe_raw, "format", dict, f"{where}: recipe", optional=True)
     for key, value in (fmt or {}).items():
-        if key not in FORMAT_KEYS or not isinstance(value, int) or isinstance(value, bool):
-            raise ManifestError(f"{where}: recipe.format.{key} = {value!r} is not a known integer field")
+        kind = FORMAT_KEYS.get(key)
+        if kind is None or not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+            raise ManifestError(f"{where}: recipe.format.{key} = {value!r} is not a known format field")
     tensors = _typed(raw, "tensors", dict, where)
     for key, kind in OPTIONAL_TABLES.items():
         _typed(raw, key, kind, where, optional=True)
     entries = {n: _entry(n, e, root, where) for n, e in tensors.items()}
     return Manifest(version, producer, RecipeRecord(name, fmt), entries)
+
+
+def quant_kind(prefix: str, names) -> str:
+    """Which QUANT_PARTS set the quantized linear `prefix` stores, told by its distinctive tensor."""
+    for kind, part in (("asymmetric", "w_zeros"), ("symmetric", "w_scales"), ("per-channel", "s1_szeros")):
+        if f"{prefix}.{part}" in names:
+            return kind
+    return "grouped"
 
 
 def required_tensors(config: dict, names: set[str]) -> list[str]:
@@ -121,7 +133,7 @@ def required_tensors(config: dict, names: set[str]) -> list[str]:
             continue
         prefix = param.removesuffix(".weight")
         if param.endswith(".weight") and f"{prefix}.qweight" in names:
-            kind = "per-channel" if f"{prefix}.s1_szeros" in names else "grouped"
+            kind = quant_kind(prefix, names)
             missing += [f"{prefix}.{part}" for part in QUANT_PARTS[kind] if f"{prefix}.{part}" not in names]
         elif param not in names:
             missing.append(param)

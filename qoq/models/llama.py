@@ -80,9 +80,15 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        # None, or a callable applied to down_proj's input at run time (an online rotation: x ← x·R,
+        # with W_down ← W_down·R already folded, so the MLP computes the same function)
+        self.down_input_transform = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        h = F.silu(self.gate_proj(x)) * self.up_proj(x)
+        if self.down_input_transform is not None:
+            h = self.down_input_transform(h)
+        return self.down_proj(h)
 
 
 class Block(nn.Module):

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 import torch
 
 from qoq.models.config import ModelConfig
+from qoq.quant.asymmetric import AsymmetricWeight
+from qoq.quant.symmetric import SymmetricWeight
 from qoq.quant.weights import QuantizedWeight
 from qoq.recipe_schema import Recipe
 from qoq.registry import Registry
@@ -28,8 +30,11 @@ class BlockContext:
     position_ids: torch.Tensor  # [T]
     # per-channel clip ratios r[n] by linear name (set by a clipping pass, used by the quantizer)
     clip_ratios: dict[str, torch.Tensor] = field(default_factory=dict)
+    # input channel order by shared-input owner (capture.SHARED_INPUT): set by `outlier_reorder`; the
+    # quantizer groups the columns in this order and the runtime gathers x[..., order]
+    input_orders: dict[str, torch.Tensor] = field(default_factory=dict)
     # filled by the quantizing pass: linear name -> integer weight (the pipeline swaps the modules)
-    quantized: dict[str, QuantizedWeight] = field(default_factory=dict)
+    quantized: dict[str, QuantizedWeight | SymmetricWeight | AsymmetricWeight] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,7 @@ class Pass:
     # is taken after them, so the reported error is the quantization error alone
     exact: bool = True
     Options: type = NoOptions  # a frozen dataclass; recipe table [pass_options.NAME] fills it
+    formats: tuple[str, ...] = ()  # Format.kind values the pass works on (empty: any)
 
     def __init__(self, options=None):
         self.options = options if options is not None else self.Options()

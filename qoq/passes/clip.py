@@ -13,17 +13,22 @@ import torch
 from qoq.models.llama import BLOCK_LINEARS
 from qoq.passes.base import PASSES, BlockContext, Pass
 from qoq.passes.capture import SHARED_INPUT, OutputError, capture_linear_inputs
+from qoq.quant.formats import fake_quantize_for_format
 from qoq.quant.weights import fake_quantize
 
-def search_clip_ratios(weight: torch.Tensor, group_size: int, error: OutputError, ratios: torch.Tensor
-                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+
+def search_clip_ratios(weight: torch.Tensor, group_size: int, error: OutputError, ratios: torch.Tensor,
+                       quantize=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Best of `ratios` (starting at 1.0; earlier ratios win ties) per output channel of weight [N, K].
     A row's quantization depends on its own ratio only, so each ratio scores all N rows at once.
+    `quantize(weight, clip_ratio [N])` -> the dequantized weight (default: QoQ's of group_size).
     Returns (ratio [N], error at ratios[0] [N], error at the chosen ratio [N])."""
     n = weight.shape[0]
+    if quantize is None:
+        quantize = lambda w, r: fake_quantize(w, group_size, clip_ratio=r)
 
     def error_at(r: float) -> torch.Tensor:  # [N]
-        return error(weight - fake_quantize(weight, group_size, clip_ratio=torch.full((n,), r)))
+        return error(weight - quantize(weight, torch.full((n,), r)))
 
     first = ratios[0].item()
     first_err = error_at(first)
@@ -41,6 +46,7 @@ class ClipOptions:
     grid: int = 20  # ratios from 1.0 down to min_ratio, evenly spaced
     min_ratio: float = 0.5
     max_tokens: int = 4096  # calibration tokens scored (seeded subsample)
+    fixed_ratio: float = 0.0  # > 0: this ratio for every channel, no search (Atom's weight clip 0.85)
 
 
 @PASSES.register("clip")
@@ -53,21 +59,27 @@ class Clip(Pass):
     def __init__(self, options=None):
         super().__init__(options)
         o = self.options
-        if o.grid < 1 or not 0 < o.min_ratio <= 1 or o.max_tokens < 1:
-            raise ValueError(f"clip options need grid >= 1, 0 < min_ratio <= 1, max_tokens >= 1; got {o}")
+        if o.grid < 1 or not 0 < o.min_ratio <= 1 or o.max_tokens < 1 or not 0 <= o.fixed_ratio <= 1:
+            raise ValueError(f"clip options need grid >= 1, 0 < min_ratio <= 1, max_tokens >= 1, "
+                             f"0 <= fixed_ratio <= 1; got {o}")
 
     def apply(self, block: torch.nn.Module, ctx: BlockContext) -> dict:
         if not ctx.recipe.quantizes_weights:
-            raise ValueError(f"the clip pass needs a 4-bit weight recipe; '{ctx.recipe.name}' keeps 16-bit weights")
-        o, group = self.options, ctx.recipe.format.group_size
+            raise ValueError(f"the clip pass needs quantized weights; '{ctx.recipe.name}' keeps 16-bit weights")
+        o, fmt = self.options, ctx.recipe.format
         ratios = torch.linspace(1.0, o.min_ratio, o.grid) if o.grid > 1 else torch.ones(1)
         inputs = capture_linear_inputs(block, ctx, o.max_tokens)
         errors = {owner: OutputError(x) for owner, x in inputs.items()}
         record = {}
         for name in BLOCK_LINEARS:
             weight = block.get_submodule(name).weight.detach().float()  # [N, K]
-            error = errors[SHARED_INPUT[name]]
-            ratio, err_before, err_after = search_clip_ratios(weight, group, error, ratios)
+            error, order = errors[SHARED_INPUT[name]], ctx.input_orders.get(SHARED_INPUT[name])
+            quantize = lambda w, r, order=order: fake_quantize_for_format(w, fmt, r, order)
+            if o.fixed_ratio > 0:  # every channel takes it; the errors still say what it did
+                ratio = torch.full((weight.shape[0],), o.fixed_ratio)
+                err_before, err_after = error(weight - quantize(weight, None)), error(weight - quantize(weight, ratio))
+            else:
+                ratio, err_before, err_after = search_clip_ratios(weight, fmt.group_size, error, ratios, quantize)
             ctx.clip_ratios[name] = ratio
             signal = error(weight).sum().clamp_min(1e-30)  # ‖X·Wᵀ‖²: the errors below are relative to it
             record[name] = {

@@ -7,9 +7,8 @@ import torch
 
 from qoq.models.config import ModelConfig
 from qoq.models.llama import BLOCK_LINEARS, BLOCK_NORMS
+from qoq.quant.formats import AnyWeight, export_weight, linear_from_weight
 from qoq.quant.kv import fake_quant_kv
-from qoq.quant.linear import IntegerLinear, export_linear
-from qoq.quant.weights import QuantizedWeight
 from qoq.recipe_schema import Format
 
 
@@ -25,14 +24,14 @@ def _fp16(t: torch.Tensor) -> torch.Tensor:
     return t.detach().to(torch.float16).contiguous()
 
 
-def block_tensors(block: torch.nn.Module, quantized: dict[str, QuantizedWeight], prefix: str) -> dict:
+def block_tensors(block: torch.nn.Module, quantized: dict[str, AnyWeight], prefix: str) -> dict:
     """Artifact tensors of one block (call before `swap_quantized`: biases come from the float linears)."""
     out = {f"{prefix}.{n}.weight": _fp16(block.get_submodule(n).weight) for n in BLOCK_NORMS}
     for name in BLOCK_LINEARS:
         linear = block.get_submodule(name)
         bias = None if linear.bias is None else _fp16(linear.bias)
         if name in quantized:
-            out.update(export_linear(f"{prefix}.{name}", quantized[name], bias))
+            out.update(export_weight(f"{prefix}.{name}", quantized[name], bias))
         else:
             out[f"{prefix}.{name}.weight"] = _fp16(linear.weight)
             if bias is not None:
@@ -49,10 +48,10 @@ def model_tensors(lm: torch.nn.Module, cfg: ModelConfig) -> dict:
     return out
 
 
-def swap_quantized(block: torch.nn.Module, quantized: dict[str, QuantizedWeight], fmt: Format) -> None:
+def swap_quantized(block: torch.nn.Module, quantized: dict[str, AnyWeight], fmt: Format) -> None:
     """Replace quantized linears by modules computing the runtime's integer arithmetic; enable KV4."""
     for name in quantized:
         linear = block.get_submodule(name)
         bias = None if linear.bias is None else linear.bias.detach().to(torch.float16).float()
-        block.set_submodule(name, IntegerLinear.from_quantized(quantized[name], bias))
+        block.set_submodule(name, linear_from_weight(quantized[name], bias, fmt))
     block.self_attn.kv_quant = fake_quant_kv if fmt.kv_bits == 4 else None

@@ -13,7 +13,8 @@ import torch
 from qoq.models.llama import BLOCK_LINEARS
 from qoq.passes.base import PASSES, BlockContext, Pass
 from qoq.passes.capture import SHARED_INPUT, OutputError, capture_linear_inputs
-from qoq.quant.weights import QuantizedWeight, fake_quantize, quantize_weight, round_onto_grid
+from qoq.quant.formats import AnyWeight, fake_quantize_for_format, quantize_for_format
+from qoq.quant.weights import quantize_weight
 
 HESSIAN_CHUNK = 1024  # calibration rows per XᵀX partial sum
 DAMP_RETRIES = 4  # each retry multiplies the damping by 10
@@ -71,10 +72,12 @@ def factor_hessian(h: torch.Tensor, damp: float = 0.01, act_order: bool = True) 
 
 def gptq_quantize(weight: torch.Tensor, h: torch.Tensor | HessianFactor, group_size: int,
                   clip_ratio: torch.Tensor | None = None, damp: float = 0.01, act_order: bool = True,
-                  block_size: int = 128) -> tuple[QuantizedWeight, dict]:
+                  block_size: int = 128, grid: AnyWeight | None = None) -> tuple[AnyWeight, dict]:
     """GPTQ codes of weight [N, K] on its static grid, given the input Hessian h [K, K] (or its
-    factor_hessian, which damp and act_order then do not change).
-    Returns the QuantizedWeight and a record (damping, retries, dead columns)."""
+    factor_hessian, which damp and act_order then do not change). `grid`: the fixed scales to round
+    onto (any weight with round_onto / with_codes, its columns those of `weight`); default the QoQ
+    grid of group_size and clip_ratio.
+    Returns the quantized weight and a record (damping, retries, dead columns)."""
     n, k = weight.shape
     if isinstance(h, torch.Tensor):
         if h.shape != (k, k):
@@ -82,18 +85,19 @@ def gptq_quantize(weight: torch.Tensor, h: torch.Tensor | HessianFactor, group_s
         h = factor_hessian(h, damp, act_order)
     elif h.order.shape[0] != k:
         raise ValueError(f"Hessian factor has K={h.order.shape[0]}, the weight has K={k} input channels")
-    grid = quantize_weight(weight, group_size, clip_ratio)  # the fixed scales, and RTN's codes
+    if grid is None:
+        grid = quantize_weight(weight, group_size, clip_ratio)  # the fixed scales, and RTN's codes
     order, hinv = h.order, h.hinv
     # transposed, so a column of W is a contiguous row: wt[j] = W[:, order[j]]
     wt = weight.detach().float().t()[order].contiguous()  # [K, N]
-    codes = torch.zeros(k, n, dtype=torch.uint8, device=wt.device)  # in act-order, transposed
+    codes = torch.zeros(k, n, dtype=grid.q.dtype, device=wt.device)  # in act-order, transposed
     for i1 in range(0, k, block_size):
         i2 = min(i1 + block_size, k)
         block, hinv_block = wt[i1:i2], hinv[i1:i2, i1:i2]  # views [B, N], [B, B]
         err_block = torch.empty_like(block)
         for i in range(i2 - i1):
             column = block[i : i + 1]  # [1, N]
-            q, w_hat = round_onto_grid(column.t(), grid, order[i1 + i : i1 + i + 1])  # [N, 1] each
+            q, w_hat = grid.round_onto(column.t(), order[i1 + i : i1 + i + 1])  # [N, 1] each
             codes[i1 + i] = q[:, 0]
             err = (column - w_hat.t()) / hinv_block[i, i]  # [1, N]
             block[i:].sub_(hinv_block[i, i:, None] * err)  # rank-1 update of this block's later columns
@@ -103,6 +107,10 @@ def gptq_quantize(weight: torch.Tensor, h: torch.Tensor | HessianFactor, group_s
     unpermuted[order] = codes
     record = {"damp": h.damp, "retries": h.retries, "dead_columns": int(h.dead.sum())}
     return grid.with_codes(unpermuted.t().contiguous()), record
+
+
+def _ordered_hessian(h: torch.Tensor, order: torch.Tensor | None) -> torch.Tensor:
+    return h if order is None else h[order[:, None], order]
 
 
 @dataclass(frozen=True)
@@ -128,19 +136,25 @@ class GPTQ(Pass):
             raise ValueError(f"gptq options need damp >= 0, block_size >= 1, max_tokens >= 1; got {o}")
 
     def apply(self, block: torch.nn.Module, ctx: BlockContext) -> dict:
-        o, group = self.options, ctx.recipe.format.group_size
+        o, fmt = self.options, ctx.recipe.format
         inputs = capture_linear_inputs(block, ctx, o.max_tokens)  # one [T, K] per shared input
-        factors = {owner: factor_hessian(hessian(x), o.damp, o.act_order) for owner, x in inputs.items()}
+        orders = {owner: ctx.input_orders.get(owner) for owner in inputs}  # GPTQ runs on ordered columns
+        factors = {owner: factor_hessian(_ordered_hessian(hessian(x), orders[owner]), o.damp, o.act_order)
+                   for owner, x in inputs.items()}
         errors = {owner: OutputError(x) for owner, x in inputs.items()}  # cheaper than through H when T < K
         del inputs
         record = {}
         for name in BLOCK_LINEARS:
             weight = block.get_submodule(name).weight.detach().float()  # [N, K]
             owner, clip = SHARED_INPUT[name], ctx.clip_ratios.get(name)
-            qw, record[name] = gptq_quantize(weight, factors[owner], group, clip, block_size=o.block_size)
+            order = orders[owner]
+            grid = quantize_for_format(weight, fmt, clip, order)  # columns in `order`, as the Hessian's
+            ordered = weight if order is None else weight[:, order]
+            qw, record[name] = gptq_quantize(ordered, factors[owner], fmt.group_size, block_size=o.block_size,
+                                             grid=grid)
             ctx.quantized[name] = qw
             error, signal = errors[owner], errors[owner](weight).sum().clamp_min(1e-30)  # ‖X·Wᵀ‖²
-            rtn = fake_quantize(weight, group, clip)
+            rtn = fake_quantize_for_format(weight, fmt, clip, order)
             record[name]["rel_err"] = (error(weight - qw.dequantize()).sum() / signal).sqrt().item()
             record[name]["rel_err_rtn"] = (error(weight - rtn).sum() / signal).sqrt().item()
         return record

@@ -39,22 +39,37 @@ class QuantizeResult:
     model: torch.nn.Module | None  # the in-memory (fake-quant) model, when asked to keep it
 
 
+def _smaller_group_recipe(recipe: Recipe) -> str:
+    """The shipped recipe that differs from `recipe` by group 64 instead of 128, if any."""
+    from qoq.recipe import recipe_names
+
+    name = recipe.name.replace("g128", "g64")
+    return name if name != recipe.name and name in recipe_names() else ""
+
+
 def check_compatible(cfg: ModelConfig, recipe: Recipe) -> None:
     """Refuse, before any work, a recipe whose format the model's shapes cannot take."""
     if not recipe.quantizes_weights:
         return
-    g = recipe.format.group_size
+    g, o = recipe.format.group_size, recipe.format.outlier_channels
     attn = cfg.num_heads * cfg.head_dim
     kv = cfg.num_kv_heads * cfg.head_dim
     shapes = {"q_proj": (attn, cfg.hidden_size), "k_proj": (kv, cfg.hidden_size),
               "o_proj": (cfg.hidden_size, attn), "gate_proj": (cfg.intermediate_size, cfg.hidden_size),
               "down_proj": (cfg.hidden_size, cfg.intermediate_size)}
     for name, (n, k) in shapes.items():
-        if g > 0 and k % g:
-            alt = "w4a8kv4g64 or w4a8kv4 (per-channel)" if k % 64 == 0 else "w4a8kv4 (per-channel)"
+        if o >= k:
+            raise RecipeError(f"recipe '{recipe.name}' keeps {o} outlier channels, but {name} has only K = {k} inputs")
+        if g > 0 and (k - o) % g:
+            what = f"K - {o} outlier channels = {k - o}" if o else f"K = {k}"
+            smaller = _smaller_group_recipe(recipe)
+            if recipe.format.weight_scheme == "qoq":
+                alt = "w4a8kv4g64 or w4a8kv4 (per-channel)" if k % 64 == 0 else "w4a8kv4 (per-channel)"
+            else:
+                alt = smaller if smaller and (k - o) % 64 == 0 else "a per-channel recipe"
             raise RecipeError(
                 f"recipe '{recipe.name}' needs input sizes divisible by group {g}, but {name} has "
-                f"K = {k} ({k} % {g} = {k % g}); use {alt}")
+                f"{what} ({k - o} % {g} = {(k - o) % g}); use {alt}")
         if n % 32 or k % 32:
             raise RecipeError(f"{name} is {n}x{k}: the packed W4 layout needs N and K multiples of 32")
 

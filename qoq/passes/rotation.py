@@ -4,7 +4,8 @@ by an orthogonal R so activation outlier channels are spread over all channels b
 RMSNorm commutes with R once its γ is folded into the linears it feeds (γ := 1; the norm stays applied):
 rms(h·R) = rms(h). Then E ← E·R; q/k/v/gate/up and lm_head W ← W·R; o/down W ← Rᵀ·W, b ← b·R.
 A per-head Hadamard H_D on v_proj's output rows, undone on o_proj's input columns, spreads V outliers
-before KV4 (attention mixes tokens, not channels, so it commutes). No online Hadamard at runtime.
+before KV4 (attention mixes tokens, not channels, so it commutes). Online rotation only where the format
+asks for it (`online_hadamard`, QuaRot): down_proj's input, rotated by the runtime as well.
 """
 
 from __future__ import annotations
@@ -15,7 +16,12 @@ import torch
 from torch import nn
 
 from qoq.passes.base import PASSES, BlockContext, ModelContext, Pass
-from qoq.passes.hadamard import KroneckerOrthogonal, hadamard, hadamard_rotation
+from qoq.quant.hadamard import (
+    KroneckerOrthogonal,
+    OnlineRotation,
+    hadamard,
+    hadamard_rotation,
+)
 
 NORM_FEEDS = {  # norm -> the linears reading its output (they absorb γ and take W ← W·R)
     "input_layernorm": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
@@ -100,7 +106,18 @@ class Rotation(Pass):
                 _set(linear.bias, r.right(linear.bias))
         if self.head is not None:
             self._rotate_heads(block.self_attn)
+        if ctx.recipe.format.online_hadamard:
+            return {"online_down": self._rotate_down_online(block.mlp)}
         return {}
+
+    def _rotate_down_online(self, mlp: nn.Module) -> str:
+        """W_down ← W_down·R_K and down_proj's input x ← x·R_K at run time (QuaRot): outliers of SiLU·up
+        spread over all K channels before per-token quantization. Returns R_K's kind."""
+        online = OnlineRotation(mlp.down_proj.in_features)
+        down = _linear(mlp, "down_proj")
+        _set(down.weight, online.rotation.right(down.weight))
+        mlp.down_input_transform = online
+        return online.kind
 
     def _rotate_heads(self, attn: nn.Module) -> None:
         """v_h ← v_h·H_D for each KV head (rows of W_v, and b_v); o_proj's input columns ← ·H_D for every

@@ -1,4 +1,5 @@
-"""Round-to-nearest: quantize every block linear by the recipe's format, no calibration."""
+"""Round-to-nearest: quantize every block linear by the recipe's format (and the channel order a
+reorder pass chose), no calibration."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import torch
 
 from qoq.models.llama import BLOCK_LINEARS
 from qoq.passes.base import PASSES, BlockContext, Pass
-from qoq.quant.weights import quantize_weight
+from qoq.passes.capture import SHARED_INPUT
+from qoq.quant.formats import quantize_for_format
 
 
 @PASSES.register("rtn")
@@ -17,8 +19,9 @@ class RoundToNearest(Pass):
     exact = False
 
     def apply(self, block: torch.nn.Module, ctx: BlockContext) -> dict:
-        group = ctx.recipe.format.group_size
+        fmt = ctx.recipe.format
         for name in BLOCK_LINEARS:
             weight = block.get_submodule(name).weight.detach().float()  # [N, K]
-            ctx.quantized[name] = quantize_weight(weight, group, clip_ratio=ctx.clip_ratios.get(name))
-        return {"group_size": group}
+            ctx.quantized[name] = quantize_for_format(weight, fmt, ctx.clip_ratios.get(name),
+                                                      ctx.input_orders.get(SHARED_INPUT[name]))
+        return {"group_size": fmt.group_size}

@@ -81,6 +81,7 @@ class SmoothDown(Pass):
     needs_calibration = True
     exact = True
     Options = SmoothDownOptions
+    formats = ("w4a8", "w16a16")  # its search scores QoQ's W4A8 linear; smoothquant covers the others
 
     def apply(self, block: torch.nn.Module, ctx: BlockContext) -> dict:
         opts, fmt = self.options, ctx.recipe.format

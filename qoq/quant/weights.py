@@ -42,6 +42,10 @@ class QuantizedWeight:
             _check_int8_safety(qw)
         return qw
 
+    def round_onto(self, w: torch.Tensor, columns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """round_onto_grid(w, self, columns): the grid interface GPTQ rounds through."""
+        return round_onto_grid(w, self, columns)
+
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Float weight [N, K]: s1*W8 (group) or q*s - z (per channel), computed in fp32."""
         if self.group_size == -1:

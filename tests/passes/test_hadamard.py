@@ -4,7 +4,7 @@ import warnings
 import pytest
 import torch
 
-from qoq.passes.hadamard import (hadamard, hadamard_rotation, hadamard_plan, integer_hadamard, paley1, paley2, prime_power,
+from qoq.quant.hadamard import (hadamard, hadamard_rotation, hadamard_plan, integer_hadamard, paley1, paley2, prime_power,
                                  random_orthogonal, sylvester)
 
 

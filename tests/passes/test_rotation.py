@@ -169,3 +169,28 @@ def test_pipeline_rotation_alone_matches_the_float_model(tmp_path, tied_dir, sha
     ids = torch.randint(0, 300, (2, 40), generator=torch.Generator().manual_seed(6))
     with torch.inference_mode():
         assert _rel(executed(ids), float_lm(ids)) < 5e-3  # fp16 storage of rotated weights only
+
+
+def test_online_down_rotation_keeps_fp32_logits():
+    """format.online_hadamard (QuaRot): W_down ← W_down·R_K and down_proj's input rotated at run time by the
+    same R_K (intermediate 192 = Paley I 12 x Sylvester 16): the float model computes what it did."""
+    from qoq.quant.hadamard import OnlineRotation
+
+    lm = _tiny_lm(hidden=128, heads=4, kv_heads=2)
+    ids = torch.randint(0, 96, (2, 24), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        before = lm(ids)
+    fmt = {"weight_bits": 4, "group_size": -1, "act_bits": 4, "kv_bits": 4, "weight_scheme": "symmetric",
+           "online_hadamard": True}
+    recipe = parse_recipe({"passes": ["rotation", "rtn"], "format": fmt}, "quarot-like", "test")
+    rot = Rotation()
+    rot.prepare_model(lm, ModelContext(lm.config, recipe, seed=0))
+    positions = lm.position_ids(ids.shape[1])
+    with torch.no_grad():
+        h = lm.embed(ids)
+        for i, block in enumerate(lm.model.layers):
+            record = rot.apply(block, BlockContext(i, lm.config, recipe, h, positions))
+            assert record == {"online_down": "hadamard-paley1(12)xsylvester(16)"}
+            assert isinstance(block.mlp.down_input_transform, OnlineRotation)
+            h = block(h, positions)
+        assert _rel(lm(ids), before) < 1e-4

@@ -250,3 +250,18 @@ def hadamard(n: int, seed: int = 0) -> tuple[torch.Tensor, str]:
     """`hadamard_rotation` as a dense orthogonal matrix [n, n] fp64."""
     rotation, kind = hadamard_rotation(n, seed)
     return rotation.dense(), kind
+
+
+ONLINE_SEED = 0  # the random-orthogonal fallback's seed for online rotations: quantizer and runtime agree
+
+
+class OnlineRotation:
+    """x ← x·R at run time for an input of size n (QuaRot's online Hadamard before down_proj): the same
+    R `hadamard_rotation(n, ONLINE_SEED)` gives wherever it is built (pipeline and executor), applied in
+    fp64 factor by factor, returned in x's dtype. Usable as MLP.down_input_transform."""
+
+    def __init__(self, n: int):
+        self.rotation, self.kind = hadamard_rotation(n, ONLINE_SEED)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.rotation.right(x).to(x.dtype)
