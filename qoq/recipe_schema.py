@@ -27,6 +27,9 @@ class Calibration:
     samples: int = 128
     seq_len: int = 512
     seed: int = 42
+    # what block i+1 is calibrated on: "quantized" = the outputs of the quantized blocks before it (W4A8KV4
+    # errors included), "float" = the float model's activations (as deepcompressor's QoQ calibrates)
+    propagate: str = "quantized"
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,7 @@ _ALLOWED = {  # key -> the values it may take
     "group_size": (128, 64, -1),
     "act_bits": (8, 16),
     "kv_bits": (4, 16),
+    "propagate": ("quantized", "float"),
 }
 
 

@@ -119,8 +119,9 @@ def _quantize_blocks(reader: CheckpointReader, cfg: ModelConfig, recipe: Recipe,
             writer.add(block_tensors(block, ctx.quantized, f"model.layers.{i}"))
             swap_quantized(block, ctx.quantized, recipe.format)
             round_to_storage(block)
-            h = _run_block(block, h, positions)  # propagate what the quantized model computes
-            errors.append(_relative_error(h, reference))
+            quantized = _run_block(block, h, positions)  # what the quantized model computes
+            errors.append(_relative_error(quantized, reference))
+            h = reference if recipe.calibration.propagate == "float" else quantized
             if lm is not None:
                 lm.model.layers[i] = block
             bar.row(i, "block out", f"{errors[-1]:.2e}", time.perf_counter() - t_block, rss_gib())
