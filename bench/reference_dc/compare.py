@@ -82,14 +82,15 @@ def save_tokens() -> dict:
     return describe(spec, tokens, seed=c.seed)
 
 
-def our_rows(windows: int, workdir: Path) -> list[dict]:
+def our_rows(windows: int, workdir: Path, remeasure: bool) -> list[dict]:
+    """Our stage rows: measured now, or reused from qoq_rows.jsonl (each row keeps the commit and
+    recipe options it was measured with)."""
     cache = workdir / "qoq_rows.jsonl"
-    here = commit()
     done = {}
-    if cache.exists():
+    if cache.exists() and not remeasure:
         for line in cache.read_text().splitlines():
             r = json.loads(line)
-            if r["windows"] == windows and r["commit"] == here:
+            if r["windows"] == windows:
                 done[r["stage"]] = r
     rows = []
     for stage, (base, passes) in OUR_STAGES.items():
@@ -103,26 +104,30 @@ def our_rows(windows: int, workdir: Path) -> list[dict]:
         rows.append({"tool": "qoq", "stage": stage, "recipe": base, "passes": passes or tomllib.loads(
             (RECIPE_DIR / f"{base}.toml").read_text())["passes"], "ppl": ev["ppl"], "windows": ev["windows"],
             "tokens": ev["tokens"], "quantize_seconds": quant["seconds"], "eval_seconds": ev["seconds"],
-            "block_rel_err_mean": quant["block_rel_err_mean"], "calibration": quant["calibration"], "commit": here})
+            "block_rel_err_mean": quant["block_rel_err_mean"], "calibration": quant["calibration"],
+            "commit": commit()})
         with cache.open("a") as f:
             f.write(json.dumps(rows[-1]) + "\n")
     return rows
 
 
-def reference_rows(workdir: Path, windows: int) -> tuple[list[dict], dict | None]:
-    """(rows on qoq's calibration tokens, the qoq-stage row on the reference's own sampler)."""
+def reference_rows(workdir: Path, windows: int) -> tuple[list[dict], dict | None, dict | None]:
+    """(rows on qoq's calibration tokens, the qoq and fp rows on the reference's own sampler)."""
     path = workdir / "rows.jsonl"
     rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
     rows = [{k: v for k, v in r.items() if k != "config"} for r in rows if r["windows"] == windows]
     same = {r["stage"]: r for r in rows if str(TOKENS) in r["calibration"]["source"]}
-    own = [r for r in rows if r["stage"] == "qoq" and "sampler" in r["calibration"]["source"]]
-    return [same[s] for s in OUR_STAGES if s in same], (own[-1] if own else None)
+    own = {r["stage"]: r for r in rows if "sampler" in r["calibration"]["source"]}
+    return [same[s] for s in OUR_STAGES if s in same], own.get("qoq"), own.get("fp")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--windows", type=int, default=8)
     ap.add_argument("--tokens", action="store_true", help="only write the calibration tokens for run.py")
+    ap.add_argument("--remeasure", action="store_true", help="measure our stages again, ignoring qoq_rows.jsonl")
+    ap.add_argument("--variants", type=Path, help="JSON lines of further measured variants (name, ppl, ...) "
+                    "to record beside the stage rows")
     ap.add_argument("--workdir", type=Path, default=Path("out/reference_dc"))
     ap.add_argument("--results", type=Path, default=Path("bench/results"))
     args = ap.parse_args()
@@ -130,15 +135,19 @@ def main() -> None:
     if args.tokens:
         print(json.dumps(calibration))
         return
-    ours = our_rows(args.windows, args.workdir)
-    ref, ref_own = reference_rows(args.workdir, args.windows)
+    ours = our_rows(args.windows, args.workdir, args.remeasure)
+    variants = [json.loads(line) for line in args.variants.read_text().splitlines()] if args.variants else []
+    ref, ref_own, ref_fp = reference_rows(args.workdir, args.windows)
     ours_by, ref_by = {r["stage"]: r["ppl"] for r in ours}, {r["stage"]: r["ppl"] for r in ref}
     summary = {
         "model": "smollm2-135m", "windows": args.windows, "commit": commit(),
         "calibration": {"qoq": calibration, "reference": "the same token windows (run.py --calib-tokens)",
                         "reference_own_sampler": ref_own["calibration"] if ref_own else None},
         "qoq_g64_ppl": ours_by["qoq"], "fp16_ppl": ours_by["fp"],
-        "dc_qoq_g64_ppl": ref_by.get("qoq"), "dc_fp_ppl": ref_by.get("fp"),
+        # same calibration tokens when measured, else the reference on its own sampler (issue 40's figure)
+        "dc_qoq_g64_ppl": ref_by.get("qoq", ref_own["ppl"] if ref_own else None),
+        "dc_qoq_g64_calibration": "qoq's tokens" if "qoq" in ref_by else "deepcompressor's own sampler",
+        "dc_fp_ppl": ref_by.get("fp", ref_fp["ppl"] if ref_fp else None),
         "dc_qoq_g64_own_sampler_ppl": ref_own["ppl"] if ref_own else None,
         "stages": {s: {"qoq": ours_by.get(s), "deepcompressor": ref_by.get(s)} for s in OUR_STAGES},
     }
@@ -146,7 +155,7 @@ def main() -> None:
     args.results.mkdir(parents=True, exist_ok=True)
     (args.results / "reference_dc.json").write_text(json.dumps(
         {"summary": summary, "command": command, "qoq_rows": ours, "deepcompressor_rows": ref,
-         "deepcompressor_own_sampler": ref_own}, indent=2) + "\n")
+         "deepcompressor_own_sampler": [r for r in (ref_own, ref_fp) if r], "variants": variants}, indent=2) + "\n")
     md = [f"# qoq vs deepcompressor 0.1.0 (QoQ reference), SmolLM2-135M g64, WikiText-2 first {args.windows} windows",
           "", "| stage | qoq passes | qoq ppl | deepcompressor ppl |", "|---|---|---|---|"]
     for r in ours:
@@ -156,6 +165,9 @@ def main() -> None:
     if ref_own:
         md += ["", (f"deepcompressor QoQ on its own calibration sampler (groups_merged.txt, 32 x 512): "
                f"{ref_own['ppl']:.3f}.")]
+    if variants:
+        md += ["", "| variant | ppl | what |", "|---|---|---|"]
+        md += [f"| {v['name']} | {v['ppl']:.3f} | {v['description']} |" for v in variants]
     (args.results / "reference_dc.md").write_text("\n".join(md) + "\n")
     print(json.dumps(summary, indent=2))
 

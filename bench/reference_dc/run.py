@@ -188,6 +188,7 @@ def main() -> None:
     import torch
     from deepcompressor.app.llm.config import LlmPtqRunConfig
     from deepcompressor.app.llm.eval.custom import _eval_ppl_with_gptq_evaluator
+    from deepcompressor.app.llm.nn.patch import patch_attention, patch_gemma_rms_norm
     from deepcompressor.app.llm.ptq import ptq
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -204,6 +205,10 @@ def main() -> None:
     t0 = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+    # as its own model builder does: route RoPE through q/k_rotary_emb modules, so SmoothAttention and
+    # the KV quantizer see post-RoPE keys (without it they hook k_proj: pre-RoPE K)
+    patch_attention(model)
+    patch_gemma_rms_norm(model)
     model.eval()
     if args.stage != "fp":
         model = ptq(model, tokenizer=tokenizer, config=config.quant)
