@@ -30,6 +30,9 @@ class Calibration:
     # what block i+1 is calibrated on: "quantized" = the outputs of the quantized blocks before it (W4A8KV4
     # errors included), "float" = the float model's activations (as deepcompressor's QoQ calibrates)
     propagate: str = "quantized"
+    # "windows": random windows of the first documents joined; "documents": one window per shuffled
+    # document (qoq/calibration.py)
+    sampling: str = "windows"
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,7 @@ _ALLOWED = {  # key -> the values it may take
     "act_bits": (8, 16),
     "kv_bits": (4, 16),
     "propagate": ("quantized", "float"),
+    "sampling": ("windows", "documents"),
 }
 
 

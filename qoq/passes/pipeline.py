@@ -147,7 +147,7 @@ def quantize_model(model: str, recipe: Recipe, output: Path, *, data_dir: Path |
     preflight.run_all(model, path, reader, cfg, recipe, output, overwrite)
     c = recipe.calibration
     tokens = calibration_tokens(spec, load_tokenizer(path), data_dir=data_dir, samples=c.samples,
-                                seq_len=c.seq_len, seed=c.seed)  # [n, T]
+                                seq_len=c.seq_len, seed=c.seed, sampling=c.sampling)  # [n, T]
 
     passes = [PASSES.get(name)(recipe.pass_options[name]) for name in recipe.passes]
     lm = load_skeleton(reader, cfg, dtype=torch.float32)  # blocks still on the meta device
