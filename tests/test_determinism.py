@@ -38,9 +38,10 @@ def qwen_dir(tmp_path_factory, tiny_tokenizer):
                                 heads=4, kv_heads=2, intermediate=256, tied=False, perturb=True)
 
 
-def _quantize(src, out, data_dir, threads):
+def _quantize(src, out, data_dir, threads, sampling="windows"):
     recipe = load_recipe("w4a8kv4g128")
-    recipe = dataclasses.replace(recipe, calibration=Calibration(samples=4, seq_len=128, seed=42))
+    recipe = dataclasses.replace(recipe, calibration=Calibration(samples=4, seq_len=128, seed=42,
+                                                                sampling=sampling))
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -50,13 +51,16 @@ def _quantize(src, out, data_dir, threads):
     return out
 
 
-@pytest.mark.parametrize("threads", [(1, 1), (1, 2)], ids=["same-threads", "1-vs-2-threads"])
-def test_quantizing_twice_gives_bit_identical_artifacts(tmp_path, qwen_dir, shared_data, threads):
+# 'documents' sampling (w4a8kv4g64's) is checked at equal thread counts only: with its tokens, 1 and 2
+# threads gave different bytes here (a thread-dependent fp32 reduction tipping a rounding), not yet traced
+@pytest.mark.parametrize("threads, sampling", [((1, 1), "windows"), ((1, 2), "windows"), ((2, 2), "documents")],
+                         ids=["same-threads", "1-vs-2-threads", "same-threads-documents"])
+def test_quantizing_twice_gives_bit_identical_artifacts(tmp_path, qwen_dir, shared_data, threads, sampling):
     cfg = json.loads((qwen_dir / "config.json").read_text())
     assert cfg["model_type"] == "qwen2" and cfg["num_key_value_heads"] < cfg["num_attention_heads"]
     assert not cfg["tie_word_embeddings"]
-    a = _quantize(qwen_dir, tmp_path / "a", shared_data, threads[0])
-    b = _quantize(qwen_dir, tmp_path / "b", shared_data, threads[1])
+    a = _quantize(qwen_dir, tmp_path / "a", shared_data, threads[0], sampling)
+    b = _quantize(qwen_dir, tmp_path / "b", shared_data, threads[1], sampling)
     assert load_recipe("w4a8kv4g128").passes == ("rotation", "reorder", "smooth_attention", "smooth_down", "clip",
                                                  "gptq")
     files = sorted(p.name for p in a.iterdir())
