@@ -76,10 +76,10 @@ def save_tokens() -> dict:
     c = load_recipe(BASE).calibration
     spec = load_spec(c.data)
     tokens = calibration_tokens(spec, load_tokenizer(resolve_model("smollm2-135m")), samples=c.samples,
-                                seq_len=c.seq_len, seed=c.seed)
+                                seq_len=c.seq_len, seed=c.seed, sampling=c.sampling)
     TOKENS.parent.mkdir(parents=True, exist_ok=True)
     torch.save(tokens, TOKENS)
-    return describe(spec, tokens, seed=c.seed)
+    return {**describe(spec, tokens, seed=c.seed), "sampling": c.sampling}
 
 
 def our_rows(windows: int, workdir: Path, remeasure: bool) -> list[dict]:
