@@ -149,6 +149,9 @@ def main() -> None:
         "dc_qoq_g64_calibration": "qoq's tokens" if "qoq" in ref_by else "deepcompressor's own sampler",
         "dc_fp_ppl": ref_by.get("fp", ref_fp["ppl"] if ref_fp else None),
         "dc_qoq_g64_own_sampler_ppl": ref_own["ppl"] if ref_own else None,
+        # who measured the own-sampler row (issue 40's figure unless run.py re-ran it here)
+        "dc_qoq_g64_own_sampler_measured_by": (ref_own or {}).get("measured_by", "run.py here"),
+        "dc_calibration_by_stage": {r["stage"]: r["calibration"]["source"] for r in ref},
         "stages": {s: {"qoq": ours_by.get(s), "deepcompressor": ref_by.get(s)} for s in OUR_STAGES},
     }
     command = "bench/reference_dc/compare.py (commands in its docstring)"
