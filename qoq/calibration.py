@@ -190,7 +190,28 @@ def _read_hf(spec: DataSpec) -> list[str]:
     return list(rows[spec.text_field])
 
 
-def calibration_tokens(spec, tokenizer, data_dir=None, samples=None, seq_len=None, seed=None) -> torch.Tensor:
+def document_tokens(spec, tokenizer, data_dir, samples: int, seq_len: int, seed: int) -> torch.Tensor:
+    """Long[samples, seq_len] from shuffled documents (the sampler of deepcompressor's QoQ): documents in
+    a `torch.randperm` order, each tokenized without special tokens and cut to one random window of
+    seq_len tokens when longer, concatenated until samples·seq_len tokens, cut into rows. Every row
+    comes from other documents than the windows rule's first ~4·samples·seq_len characters."""
+    docs = [t for t in load_texts(spec, data_dir) if t.strip()]
+    generator = torch.Generator().manual_seed(seed)
+    need, pieces, total = samples * seq_len, [], 0
+    for i in torch.randperm(len(docs), generator=generator).tolist():
+        ids = tokenizer(docs[i], add_special_tokens=False, verbose=False)["input_ids"]
+        if len(ids) > seq_len:
+            start = int(torch.randint(0, len(ids) - seq_len + 1, (1,), generator=generator))
+            ids = ids[start : start + seq_len]
+        pieces.append(torch.tensor(ids, dtype=torch.long))
+        total += len(ids)
+        if total >= need:
+            return torch.cat(pieces)[:need].view(samples, seq_len)
+    raise ValueError(f"data spec {spec.name!r} has {total} tokens, fewer than {samples} x {seq_len}")
+
+
+def calibration_tokens(spec, tokenizer, data_dir=None, samples=None, seq_len=None, seed=None,
+                       sampling: str = "windows") -> torch.Tensor:
     """Long[samples, seq_len] windows of the data, deterministic for a given seed.
 
     Rule: non-empty documents in file order are joined with "\\n\\n" (only the first ones totalling
@@ -203,6 +224,10 @@ def calibration_tokens(spec, tokenizer, data_dir=None, samples=None, seq_len=Non
     seed = spec.seed if seed is None else seed
     if samples < 1 or seq_len < 1:
         raise ValueError(f"samples and seq_len must be >= 1, got samples={samples}, seq_len={seq_len}")
+    if sampling == "documents":
+        return document_tokens(spec, tokenizer, data_dir, samples, seq_len, seed)
+    if sampling != "windows":
+        raise ValueError(f"calibration sampling must be 'windows' or 'documents', got {sampling!r}")
     budget, taken, total = CHARS_PER_NEEDED_TOKEN * samples * seq_len, [], 0
     for text in load_texts(spec, data_dir):
         if text.strip():

@@ -71,6 +71,12 @@ class Calibration:
     samples: int = 128
     seq_len: int = 512
     seed: int = 42
+    # what block i+1 is calibrated on: "quantized" = the outputs of the quantized blocks before it (W4A8KV4
+    # errors included), "float" = the float model's activations (as deepcompressor's QoQ calibrates)
+    propagate: str = "quantized"
+    # "windows": random windows of the first documents joined; "documents": one window per shuffled
+    # document (qoq/calibration.py)
+    sampling: str = "windows"
 
 
 @dataclass(frozen=True)
@@ -100,6 +106,8 @@ _ALLOWED = {  # key -> the values it may take
     "act_bits": (4, 8, 16),
     "kv_bits": (4, 16),
     "weight_scheme": ("qoq", "symmetric", "asymmetric"),
+    "propagate": ("quantized", "float"),
+    "sampling": ("windows", "documents"),
 }
 _BOUNDS = {"outlier_channels": (0, None), "act_clip": (1e-3, 1.0)}  # key -> (min, max) inclusive
 

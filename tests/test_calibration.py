@@ -71,6 +71,30 @@ def test_tokens_deterministic_and_follow_the_rule(shared_data, tokenizer):
     assert c.tolist() == [ids[s : s + 64] for s in starts]
 
 
+def test_document_sampling_follows_its_rule(shared_data, tokenizer):
+    """'documents': one window per shuffled document, concatenated and cut into rows; deterministic."""
+    spec = load_spec("pile-val")
+    a = calibration_tokens(spec, tokenizer, shared_data, samples=4, seq_len=64, seed=3, sampling="documents")
+    assert torch.equal(a, calibration_tokens(spec, tokenizer, shared_data, samples=4, seq_len=64, seed=3,
+                                             sampling="documents"))
+    assert a.shape == (4, 64) and a.dtype == torch.long
+    docs = [t for t in load_texts(spec, shared_data) if t.strip()]
+    g = torch.Generator().manual_seed(3)
+    pieces = []
+    for i in torch.randperm(len(docs), generator=g).tolist():
+        ids = tokenizer(docs[i], add_special_tokens=False)["input_ids"]
+        if len(ids) > 64:
+            start = int(torch.randint(0, len(ids) - 63, (1,), generator=g))
+            ids = ids[start : start + 64]
+        pieces += ids
+        if len(pieces) >= 256:
+            break
+    assert a.flatten().tolist() == pieces[:256]
+    assert not torch.equal(a, calibration_tokens(spec, tokenizer, shared_data, samples=4, seq_len=64, seed=3))
+    with pytest.raises(ValueError, match="sampling must be"):
+        calibration_tokens(spec, tokenizer, shared_data, samples=4, seq_len=64, seed=3, sampling="random")
+
+
 def test_describe(shared_data, tokenizer):
     spec = load_spec("pile-val")
     tokens = calibration_tokens(spec, tokenizer, shared_data, samples=2, seq_len=32)

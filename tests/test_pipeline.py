@@ -1,12 +1,14 @@
 """The pipeline end to end on tiny random models: artifact written, executor == fake-quant model."""
 
 import dataclasses
+import json
 
 import pytest
 import torch
 
 from checkpoints import make_tiny_checkpoint
 from qoq.executor import load_artifact_model
+from qoq.passes import PASSES
 from qoq.passes.pipeline import quantize_model
 from qoq.recipe import Calibration, load_recipe
 
@@ -70,3 +72,21 @@ def test_same_seed_gives_byte_identical_artifacts(tmp_path, tiny_dir, shared_dat
     assert files == sorted(p.name for p in (tmp_path / "b").iterdir()) and "qoq.json" in files
     for name in files:
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+
+
+def test_float_propagation_calibrates_every_block_on_float_activations(tmp_path, tiny_dir, shared_data):
+    """With propagate = "float" block 1's statistics do not depend on how block 0 was quantized (RTN or
+    GPTQ); with the default ("quantized") they do."""
+    def key_max_of_block_1(quantizer: str, propagate: str) -> float:
+        base = small("w4a8kv4g64")
+        passes = ("rotation", "smooth_attention", quantizer)
+        recipe = dataclasses.replace(base, passes=passes, pass_options={p: PASSES.get(p).Options() for p in passes},
+                                     calibration=dataclasses.replace(base.calibration, propagate=propagate))
+        out = tmp_path / f"{quantizer}-{propagate}"
+        quantize_model(str(tiny_dir), recipe, out, data_dir=shared_data, show_progress=False)
+        manifest = json.loads((out / "qoq.json").read_text())
+        assert manifest["recipe"]["calibration"]["propagate"] == propagate
+        return manifest["passes"]["blocks"][1]["smooth_attention"]["key_abs_max"]
+
+    assert key_max_of_block_1("rtn", "float") == key_max_of_block_1("gptq", "float")
+    assert key_max_of_block_1("rtn", "quantized") != key_max_of_block_1("gptq", "quantized")

@@ -25,6 +25,8 @@ def test_every_shipped_recipe_loads():
     ('passes = ["magic"]\n', "unknown pass 'magic'"),
     ('passes = []\n', "exactly one quantizing pass"),
     ('passes = ["rtn"]\n[calibration]\nsamples = 0\n', "'calibration.samples' must be positive"),
+    ('passes = ["rtn"]\n[calibration]\npropagate = "fp"\n', "'calibration.propagate' = 'fp' is not one of"),
+    ('passes = ["rtn"]\n[calibration]\nsampling = "all"\n', "'calibration.sampling' = 'all' is not one of"),
     ('passes = ["clip", "rtn"]\n[pass_options.clip]\ngrid = "20"\n', "'pass_options.clip.grid' must be int"),
     ('passes = ["rtn"]\n[pass_options.clip]\ngrid = 20\n', "'pass_options.clip' names a pass that is not in"),
     ('passes = ["clip", "rtn"]\n[pass_options.clip]\ngird = 20\n', "unknown key 'pass_options.clip.gird'"),

@@ -134,8 +134,9 @@ def _quantize_blocks(reader: CheckpointReader, cfg: ModelConfig, recipe: Recipe,
             writer.add(block_tensors(block, ctx.quantized, f"model.layers.{i}"))
             swap_quantized(block, ctx.quantized, recipe.format)
             round_to_storage(block)
-            h = _run_block(block, h, positions)  # propagate what the quantized model computes
-            errors.append(_relative_error(h, reference))
+            quantized = _run_block(block, h, positions)  # what the quantized model computes
+            errors.append(_relative_error(quantized, reference))
+            h = reference if recipe.calibration.propagate == "float" else quantized
             if lm is not None:
                 lm.model.layers[i] = block
             bar.row(i, "block out", f"{errors[-1]:.2e}", time.perf_counter() - t_block, rss_gib())
@@ -161,7 +162,7 @@ def quantize_model(model: str, recipe: Recipe, output: Path, *, data_dir: Path |
     preflight.run_all(model, path, reader, cfg, recipe, output, overwrite)
     c = recipe.calibration
     tokens = calibration_tokens(spec, load_tokenizer(path), data_dir=data_dir, samples=c.samples,
-                                seq_len=c.seq_len, seed=c.seed)  # [n, T]
+                                seq_len=c.seq_len, seed=c.seed, sampling=c.sampling)  # [n, T]
 
     passes = [PASSES.get(name)(recipe.pass_options[name]) for name in recipe.passes]
     lm = load_skeleton(reader, cfg, dtype=torch.float32)  # blocks still on the meta device
