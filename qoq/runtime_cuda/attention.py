@@ -131,6 +131,20 @@ def plan_stages_fp16(batch: int, num_kv_heads: int, num_splits: int, num_sms: in
     return 3 if batch * num_kv_heads * num_splits <= num_sms else 2
 
 
+def _check_fp16_pools(k_pool: torch.Tensor, v_pool: torch.Tensor, num_kv_heads: int | None, d: int) -> None:
+    """One layer's fp16 pools [num_pages, 64, Hkv, D] (FloatKVCache.pools): dtype, shape, contiguity, alike."""
+    heads = "Hkv" if num_kv_heads is None else num_kv_heads
+    for name, pool in (("k_pool", k_pool), ("v_pool", v_pool)):
+        if (pool.dtype != torch.float16 or pool.dim() != 4 or pool.shape[1] != PAGE_TOKENS or pool.shape[3] != d
+                or num_kv_heads not in (None, pool.shape[2])):
+            raise ValueError(f"{name} must be fp16 [num_pages, {PAGE_TOKENS}, {heads}, {d}], got {pool.dtype} "
+                             f"{tuple(pool.shape)}")
+        if not pool.is_contiguous():
+            raise ValueError(f"{name} must be contiguous (one layer's pool of FloatKVCache.storage)")
+    if k_pool.shape != v_pool.shape:
+        raise ValueError(f"k_pool {tuple(k_pool.shape)} and v_pool {tuple(v_pool.shape)} differ in shape")
+
+
 def decode_attention_fp16(
     q: torch.Tensor,
     k_pool: torch.Tensor,
@@ -153,14 +167,7 @@ def decode_attention_fp16(
     b, hq, d = q.shape
     if d not in (64, 128):
         raise ValueError(f"head_dim {d} unsupported (64 or 128)")
-    for name, pool in (("k_pool", k_pool), ("v_pool", v_pool)):
-        if pool.dtype != torch.float16 or pool.dim() != 4 or pool.shape[1] != PAGE_TOKENS or pool.shape[3] != d:
-            raise ValueError(f"{name} must be fp16 [num_pages, {PAGE_TOKENS}, Hkv, {d}], got {pool.dtype} "
-                             f"{tuple(pool.shape)}")
-        if not pool.is_contiguous():
-            raise ValueError(f"{name} must be contiguous (one layer's pool of FloatKVCache.storage)")
-    if k_pool.shape != v_pool.shape:
-        raise ValueError(f"k_pool {tuple(k_pool.shape)} and v_pool {tuple(v_pool.shape)} differ in shape")
+    _check_fp16_pools(k_pool, v_pool, None, d)
     h_kv = k_pool.shape[2]
     if h_kv == 0 or hq % h_kv or hq // h_kv > 8:
         raise ValueError(f"{hq} query heads over {h_kv} KV heads: need a group size of 1..8")
@@ -222,14 +229,7 @@ def rope_kv_write_fp16(qkv, positions, slots, cos, sin, k_pool, v_pool, num_q_he
     (the qkv GEMM), reading nothing before its wait."""
     qkv, d = _qkv_rows(qkv, num_q_heads, num_kv_heads)
     t = qkv.shape[0]
-    for name, pool in (("k_pool", k_pool), ("v_pool", v_pool)):
-        if pool.dtype != torch.float16 or tuple(pool.shape[1:]) != (PAGE_TOKENS, num_kv_heads, d):
-            raise ValueError(f"{name} must be fp16 [num_pages, {PAGE_TOKENS}, {num_kv_heads}, {d}], got {pool.dtype} "
-                             f"{tuple(pool.shape)}")
-        if not pool.is_contiguous():
-            raise ValueError(f"{name} must be contiguous (one layer's pool of FloatKVCache.storage)")
-    if k_pool.shape != v_pool.shape:
-        raise ValueError(f"k_pool {tuple(k_pool.shape)} and v_pool {tuple(v_pool.shape)} differ in shape")
+    _check_fp16_pools(k_pool, v_pool, num_kv_heads, d)
     for name, x in (("positions", positions), ("slots", slots)):
         if x.dtype != torch.int64 or x.shape != (t,):
             raise ValueError(f"{name} must be int64 [{t}], got {x.dtype} {tuple(x.shape)}")

@@ -99,14 +99,20 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin:
 def rope_kv4_write(qkv, positions, slots, cos, sin, k_pages, v_pages, num_q_heads: int, num_kv_heads: int):
     """qkv [T, (Hq + 2 Hkv) * D] fp16 -> (q [T, Hq, D], k [T, Hkv, D]) after RoPE; writes K (post-RoPE)
     and V to their pages at slots [T]."""
+    q, k, v = _rope_qkv(qkv, positions, cos, sin, num_q_heads, num_kv_heads)
+    write_kv4(k_pages, k, slots)
+    write_kv4(v_pages, v, slots)
+    return q, k
+
+
+def _rope_qkv(qkv, positions, cos, sin, num_q_heads: int, num_kv_heads: int):
+    """qkv [T, (Hq + 2 Hkv) * D] -> q [T, Hq, D] and k [T, Hkv, D] after RoPE, v [T, Hkv, D] as is."""
     t = qkv.shape[0]
     d = qkv.shape[1] // (num_q_heads + 2 * num_kv_heads)
     heads = qkv.view(t, num_q_heads + 2 * num_kv_heads, d)
     q = apply_rope(heads[:, :num_q_heads], positions, cos, sin)
     k = apply_rope(heads[:, num_q_heads : num_q_heads + num_kv_heads], positions, cos, sin)
-    write_kv4(k_pages, k, slots)
-    write_kv4(v_pages, heads[:, num_q_heads + num_kv_heads :], slots)
-    return q, k
+    return q, k, heads[:, num_q_heads + num_kv_heads :]
 
 
 def write_kv_fp16(pool: torch.Tensor, x: torch.Tensor, slots: torch.Tensor) -> None:
@@ -119,13 +125,9 @@ def write_kv_fp16(pool: torch.Tensor, x: torch.Tensor, slots: torch.Tensor) -> N
 def rope_kv_write_fp16(qkv, positions, slots, cos, sin, k_pool, v_pool, num_q_heads: int, num_kv_heads: int):
     """qkv [T, (Hq + 2 Hkv) * D] -> q [T, Hq, D] after RoPE; writes K (post-RoPE) and V to one layer's pools
     [num_pages, 64, Hkv, D] (FloatKVCache.pools) at slots [T]. q and K are rounded to qkv's dtype."""
-    t = qkv.shape[0]
-    d = qkv.shape[1] // (num_q_heads + 2 * num_kv_heads)
-    heads = qkv.view(t, num_q_heads + 2 * num_kv_heads, d)
-    q = apply_rope(heads[:, :num_q_heads], positions, cos, sin)
-    k = apply_rope(heads[:, num_q_heads : num_q_heads + num_kv_heads], positions, cos, sin)
+    q, k, v = _rope_qkv(qkv, positions, cos, sin, num_q_heads, num_kv_heads)
     write_kv_fp16(k_pool, k, slots)
-    write_kv_fp16(v_pool, heads[:, num_q_heads + num_kv_heads :], slots)
+    write_kv_fp16(v_pool, v, slots)
     return q
 
 
