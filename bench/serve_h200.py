@@ -57,8 +57,8 @@ class Plan:
     startup_timeout: float
 
 
-# a 7B at ~1024-token prompts: W4A8KV4 is expected to saturate between 8 and 16 req/s, FP16 lower
-GPU = Plan("cuda", "cuda", "llama-2-7b", (4.0, 8.0, 16.0, 32.0), 2, 20.0, 12.0, 1024, 256, 0.5, 16, 16, 256,
+# a 7B at ~1024-token prompts: finely spaced where both formats saturate (serve_h200.json)
+GPU = Plan("cuda", "cuda", "llama-2-7b", (8.0, 12.0, 16.0, 20.0, 24.0, 32.0), 1, 20.0, 12.0, 1024, 256, 0.5, 16, 16, 256,
            480.0, 300.0)
 TINY = Plan("reference", "cpu", "tiny", (2.0, 4.0), 0, 2.0, 6.0, 32, 8, 0.5, 2, 4, 16, 150.0, 120.0)
 
