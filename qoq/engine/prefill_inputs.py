@@ -25,6 +25,8 @@ _OFFSETS = np.arange(PAGE_TOKENS, dtype=np.int64)
 class PrefillInputs:
     q_rows: torch.Tensor | None  # int64 [Tq] on the device
     context_slots: torch.Tensor  # int64 [Tk] on the device
+    context_page: torch.Tensor  # int64 [Tk]: context_slots // 64, context_slots % 64 (the KV4 pages' gather,
+    context_offset: torch.Tensor  # once a step rather than once a layer)
     q_lens: list[int]
     k_lens: list[int]
     cu_q: torch.Tensor  # int32 [n + 1] on the device: cumulative q_lens
@@ -61,4 +63,6 @@ def prefill_inputs(step: StepInput, device) -> PrefillInputs | None:
     to_dev = lambda a: torch.from_numpy(a).to(dev, non_blocking=True)
     q_rows = None if sum(q_lens) == end else to_dev(np.concatenate(rows))
     cu_dev = to_dev(cu)
-    return PrefillInputs(q_rows, to_dev(np.concatenate(slots)), q_lens, k_lens, cu_dev[0], cu_dev[1])
+    context = to_dev(np.concatenate(slots))
+    return PrefillInputs(q_rows, context, context // PAGE_TOKENS, context % PAGE_TOKENS, q_lens, k_lens, cu_dev[0],
+                         cu_dev[1])

@@ -122,7 +122,7 @@ class CudaRunner:
             raise ValueError(f"quantization={quantization!r} quantizes an fp16 artifact at load; "
                              f"{artifact_dir} already holds {kind.upper()} weights")
         self.quantization = quantization
-        self.kv4 = artifact_format(art).kv_bits == 4
+        self.kv4 = fmt.kv_bits == 4
         self.ops = KernelOps() if ops == "kernels" else ReferenceOps(dtype)
         self.hq, self.hkv, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         kernel = ops == "kernels" and self.device.type == "cuda"
@@ -170,11 +170,12 @@ class CudaRunner:
                                              max_seq_len)
         return self.ops.decode_attention_fp16(q, *self.cache.pools(i), page_table, seq_lens, max_seq_len)
 
-    def _context(self, i: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The cached K/V at `slots` int64 [T] -> k, v [T, Hkv, D] in the activations' dtype."""
+    def _context(self, i: int, plan: PrefillInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """The prefill chunks' cached K/V (plan.context_slots) -> k, v [Tk, Hkv, D] in the activations' dtype."""
         if not self.kv4:
-            return self.cache.gather(i, slots)
-        return tuple(dequantize_kv(*ref.read_kv4_slots(pool, slots, self.hkv, self.d), dtype=self.dtype)
+            return self.cache.gather(i, plan.context_slots)
+        return tuple(dequantize_kv(*ref.read_kv4_slots(pool, plan.context_page, plan.context_offset, self.hkv,
+                                                       self.d), dtype=self.dtype)
                      for pool in (self.cache.k_pages(i), self.cache.v_pages(i)))
 
     def _prefill_attention(self, i: int, q: torch.Tensor, plan: PrefillInputs | None, singles) -> torch.Tensor:
@@ -182,13 +183,13 @@ class CudaRunner:
         (so a sequence's numbers do not depend on what it is batched with); longer chunks together over
         their contexts read back from the pages (prefill_inputs.py)."""
         if singles is None and plan.q_rows is None:
-            return self.ops.chunk_attention(q, *self._context(i, plan.context_slots), plan)
+            return self.ops.chunk_attention(q, *self._context(i, plan), plan)
         out = torch.empty_like(q)
         if singles is not None:
             rows, table, lens, max_len = singles
             out[rows] = self._decode_attention(i, q[rows], table, lens, max_len)
         if plan is not None:
-            out[plan.q_rows] = self.ops.chunk_attention(q[plan.q_rows], *self._context(i, plan.context_slots), plan)
+            out[plan.q_rows] = self.ops.chunk_attention(q[plan.q_rows], *self._context(i, plan), plan)
         return out
 
     # -- the layer loop ------------------------------------------------------------------------

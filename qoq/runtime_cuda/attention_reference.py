@@ -78,11 +78,10 @@ def read_kv4(pages: torch.Tensor, page_ids: torch.Tensor, length: int, num_kv_he
     return q, s, z
 
 
-def read_kv4_slots(pages: torch.Tensor, slots: torch.Tensor, num_kv_heads: int, head_dim: int):
-    """The tokens at `slots` int64 [T] (any pages, any order) -> (codes uint8 [T, H, D], scale fp16
-    [T, H, 1], zero fp16 [T, H, 1]): read_kv4's values, token-major, in one gather per tensor."""
+def read_kv4_slots(pages: torch.Tensor, page: torch.Tensor, offset: torch.Tensor, num_kv_heads: int, head_dim: int):
+    """The tokens at slots page * 64 + offset (int64 [T] each; any pages, any order) -> (codes uint8 [T, H, D],
+    scale fp16 [T, H, 1], zero fp16 [T, H, 1]): read_kv4's values, token-major, in one gather per tensor."""
     codes, scale, zero = page_views(pages, num_kv_heads, head_dim)
-    page, offset = slots // PAGE_TOKENS, slots % PAGE_TOKENS
     return unpack_nibbles(codes[page, :, offset]), scale[page, :, offset][..., None], zero[page, :, offset][..., None]
 
 

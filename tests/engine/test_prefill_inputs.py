@@ -21,6 +21,8 @@ def test_mixed_step_rows_and_context_slots():
     expected = ([3 * 64 + i for i in range(64)] + [9 * 64 + i for i in range(6)]
                 + [2 * 64 + i for i in range(64)] + [5 * 64 + i for i in range(64)] + [8 * 64 + i for i in range(6)])
     assert plan.context_slots.tolist() == expected
+    assert plan.context_page.tolist() == [x // 64 for x in expected]
+    assert plan.context_offset.tolist() == [x % 64 for x in expected]
 
 
 def test_prefill_only_and_decode_only_steps():

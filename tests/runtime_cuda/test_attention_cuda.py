@@ -182,7 +182,8 @@ def test_chunk_attention_aligns_queries_bottom_right():
     k = torch.randn(sum(k_lens), hkv, dim, device="cuda", generator=gen).half()
     v = torch.randn(sum(k_lens), hkv, dim, device="cuda", generator=gen).half()
     cum = lambda xs: torch.tensor([0, *torch.tensor(xs).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
-    plan = PrefillInputs(None, torch.empty(0, dtype=torch.int64), q_lens, k_lens, cum(q_lens), cum(k_lens))
+    none = torch.empty(0, dtype=torch.int64)  # chunk_attention reads only the lengths
+    plan = PrefillInputs(None, none, none, none, q_lens, k_lens, cum(q_lens), cum(k_lens))
     out = attention.chunk_attention(q, k, v, plan.cu_q, plan.cu_k, plan.max_q, plan.max_k)
     expected = ReferenceOps(torch.float32).chunk_attention(q.float(), k.float(), v.float(), plan)
     assert _rel(out, expected) < 2e-3

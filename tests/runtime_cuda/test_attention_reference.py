@@ -220,7 +220,7 @@ def test_read_kv4_slots_is_read_kv4_token_major():
     page_ids, length = torch.tensor([4, 1, 5]), 150
     codes, scale, zero = ref.read_kv4(pages, page_ids, length, hkv, dim)
     slots = (page_ids[:, None] * 64 + torch.arange(64)).flatten()[:length]
-    c2, s2, z2 = ref.read_kv4_slots(pages, slots, hkv, dim)
+    c2, s2, z2 = ref.read_kv4_slots(pages, slots // 64, slots % 64, hkv, dim)
     assert c2.shape == (length, hkv, dim) and s2.shape == (length, hkv, 1)
     bits = lambda x: x.contiguous().view(torch.int16)  # random bytes: some fp16 are NaN
     assert torch.equal(c2, codes.transpose(0, 1)) and torch.equal(bits(s2), bits(scale.transpose(0, 1)))
