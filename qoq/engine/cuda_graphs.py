@@ -85,9 +85,9 @@ class DecodeGraphs:
         first time mid-serving stalls every running request for its capture (two eager forwards and the
         capture itself)."""
         top = self.bucket(min(max_batch, self.batch_sizes[-1]), 1)[0]
-        n = 0
+        n, pages = 0, self.page_buckets()[::-1]
         for b in reversed([b for b in self.batch_sizes if b <= top]):
-            for p in reversed(self.page_buckets()):
+            for p in pages:
                 if (b, p) not in self.graphs:
                     self.capture(b, p)
                     n += 1

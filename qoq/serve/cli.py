@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import logging
-import time
 from pathlib import Path
 from typing import Optional
 
@@ -35,7 +33,7 @@ def serve(
     except ImportError as e:
         raise ImportError(f"qoq serve needs FastAPI and uvicorn: pip install 'qoq[serve]' ({e})") from None
     from qoq.engine import LLMEngine
-    from qoq.serve.server import configure_logging, run_server
+    from qoq.serve.server import run_server
 
     if backend == "auto":
         import torch
@@ -44,8 +42,4 @@ def serve(
     engine = LLMEngine(artifact, backend=backend, kv_budget=kv_budget, max_num_seqs=max_num_seqs,
                        max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
                        quantization=quantization)
-    t = time.perf_counter()
-    if n := engine.capture_graphs():
-        configure_logging(log_level)
-        logging.getLogger("qoq.serve").info("captured %d decode CUDA graphs in %.1f s", n, time.perf_counter() - t)
     run_server(engine, served_model_name or str(artifact), host, port, api_key, drain_timeout, log_level)

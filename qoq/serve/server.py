@@ -71,6 +71,9 @@ def run_server(engine, model_name: str, host: str, port: int, api_key: str | Non
     # the engine thread and the event loop share the GIL: a step waiting to take it back from a busy loop
     # waits up to one switch interval (5 ms by default, a whole decode step)
     sys.setswitchinterval(SWITCH_INTERVAL_S)
+    t = time.perf_counter()
+    if n := engine.capture_graphs():  # before listening: no request waits on a capture
+        log.info("captured %d decode CUDA graphs in %.1f s", n, time.perf_counter() - t)
     metrics = Metrics(model_name)
     state = ServerState(EngineLoop(engine, metrics), model_name, api_key)
     app = CountResponses(build_app(state, metrics), metrics)
