@@ -69,6 +69,17 @@ def plan_stages(batch: int, num_kv_heads: int, num_splits: int, head_dim: int, n
     return 3 if 3 in supported_stages(head_dim) and many else 2
 
 
+def _check_head_dim(d: int) -> None:
+    if d not in (64, 128):
+        raise ValueError(f"head_dim {d} unsupported (64 or 128)")
+
+
+def _check_group(hq: int, h_kv: int) -> None:
+    """The decode kernels' GQA: query heads over KV heads, a whole group of 1..8."""
+    if h_kv == 0 or hq % h_kv or hq // h_kv > 8:
+        raise ValueError(f"{hq} query heads over {h_kv} KV heads: need a group size of 1..8")
+
+
 def decode_attention(
     q: torch.Tensor,
     k_pages: torch.Tensor,
@@ -89,11 +100,9 @@ def decode_attention(
     the sequences' first chunks while it ends. That kernel may write q and each sequence's last token
     (the decode step's rope_kv4_write), but not the page table, seq_lens or any older token."""
     b, hq, d = q.shape
-    if d not in (64, 128):
-        raise ValueError(f"head_dim {d} unsupported (64 or 128)")
+    _check_head_dim(d)
     h_kv = k_pages.shape[1] // (PAGE_TOKENS * (d // 2 + 4))
-    if h_kv == 0 or hq % h_kv or hq // h_kv > 8:
-        raise ValueError(f"{hq} query heads over {h_kv} KV heads: need a group size of 1..8")
+    _check_group(hq, h_kv)
     same_device("q", q, k_pages=k_pages, v_pages=v_pages, page_table=page_table, seq_lens=seq_lens)
     num_sms = _num_sms(q.device.index)  # a CUDA tensor's device always has its index
     splits, pages_per_split = split_plan(b, h_kv, max_seq_len, num_sms, num_splits)
@@ -165,12 +174,10 @@ def decode_attention_fp16(
         raise ValueError(f"q must be fp16 [B, Hq, D], got {q.dtype} {tuple(q.shape)}")
     q = q.contiguous()
     b, hq, d = q.shape
-    if d not in (64, 128):
-        raise ValueError(f"head_dim {d} unsupported (64 or 128)")
+    _check_head_dim(d)
     _check_fp16_pools(k_pool, v_pool, None, d)
     h_kv = k_pool.shape[2]
-    if h_kv == 0 or hq % h_kv or hq // h_kv > 8:
-        raise ValueError(f"{hq} query heads over {h_kv} KV heads: need a group size of 1..8")
+    _check_group(hq, h_kv)
     if page_table.dtype != torch.int32 or page_table.dim() != 2 or page_table.shape[0] != b \
             or seq_lens.dtype != torch.int32 or seq_lens.shape != (b,):
         raise ValueError(f"page_table must be int32 [{b}, P] and seq_lens int32 [{b}], got {page_table.dtype} "
@@ -200,8 +207,7 @@ def _qkv_rows(qkv: torch.Tensor, num_q_heads: int, num_kv_heads: int) -> tuple[t
     if num_kv_heads < 1 or num_q_heads < 1 or qkv.shape[1] % heads:
         raise ValueError(f"qkv width {qkv.shape[1]} is not a multiple of Hq + 2 Hkv = {heads}")
     d = qkv.shape[1] // heads
-    if d not in (64, 128):
-        raise ValueError(f"head_dim {d} unsupported (64 or 128)")
+    _check_head_dim(d)
     if qkv.stride(1) != 1 or qkv.stride(0) % 8 or qkv.data_ptr() % 16:
         qkv = qkv.clone(memory_format=torch.contiguous_format)
     return qkv, d
