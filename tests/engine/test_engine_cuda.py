@@ -116,7 +116,7 @@ def test_batch_invariance_on_gpu(make_engine, cuda_w4):
 
 
 @pytest.mark.slow
-def test_smollm2_w4a8kv4_served_perplexity_on_gpu(tmp_path_factory, shared_data):
+def test_smollm2_w4a8kv4_served_perplexity_on_gpu(smollm2_w4, shared_data):
     """SmolLM2 W4A8KV4 on the kernels against the executor, by perplexity: greedy tokens of an fp16 and an
     fp32 computation of this model part at top-2 gaps of whole logits, whatever the implementation (an
     fp16 rounding that flips an INT8 activation or KV4 code moves the output a whole quantization step);
@@ -124,12 +124,9 @@ def test_smollm2_w4a8kv4_served_perplexity_on_gpu(tmp_path_factory, shared_data)
     import math
 
     from qoq.eval.runner import evaluate_task
-    from qoq.passes.pipeline import quantize_model
-    from qoq.recipe import load_recipe
     from tests.engine.test_flows_agree import SMOL_NLL_TOL
 
-    art = tmp_path_factory.mktemp("smol_w4") / "w4"
-    quantize_model("smollm2-135m", load_recipe("w4a8kv4g64-rtn"), art, data_dir=shared_data, show_progress=False)
+    art = smollm2_w4
     common = {"windows": 4, "data_dir": shared_data, "show_progress": False, "seq_len": 256}
     served = evaluate_task("wikitext2", str(art), backend="cuda", **common)
     evaluated = evaluate_task("wikitext2", str(art), backend="reference", **common)

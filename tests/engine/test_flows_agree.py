@@ -69,21 +69,6 @@ SMOL_PROMPTS = ["The capital of France is", "def fibonacci(n):"]
 SMOL_NLL_TOL = 0.15
 
 
-@pytest.fixture(scope="module")
-def smollm2_w4(tmp_path_factory, shared_data):
-    from qoq.models import smollm2
-    from qoq.passes.pipeline import quantize_model
-    from qoq.recipe import load_recipe
-
-    try:
-        smollm2.gguf_path()
-    except smollm2.EmbeddedModelMissing as e:
-        pytest.skip(str(e))
-    out = tmp_path_factory.mktemp("smollm2") / "w4a8kv4g64-rtn"
-    quantize_model("smollm2-135m", load_recipe("w4a8kv4g64-rtn"), out, data_dir=shared_data, show_progress=False)
-    return out
-
-
 @pytest.mark.slow
 def test_smollm2_fp32_data_flow_is_the_reference_runner(make_engine, smollm2_w4):
     params = SamplingParams(max_tokens=6, ignore_eos=True)

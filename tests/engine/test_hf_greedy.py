@@ -12,21 +12,6 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="session")
-def smollm2_fp16(tmp_path_factory, shared_data):
-    from qoq.models import smollm2
-    from qoq.passes.pipeline import quantize_model
-    from qoq.recipe import load_recipe
-
-    try:
-        smollm2.gguf_path()
-    except smollm2.EmbeddedModelMissing as e:
-        pytest.skip(str(e))
-    out = tmp_path_factory.mktemp("smollm2") / "fp16"
-    quantize_model("smollm2-135m", load_recipe("fp16"), out, data_dir=shared_data, show_progress=False)
-    return out
-
-
 def test_greedy_equals_hf_generate(smollm2_fp16, make_engine):
     from transformers import AutoModelForCausalLM
 
