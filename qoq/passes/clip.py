@@ -1,7 +1,7 @@
 """Clipping: search a clip ratio per output channel of every block linear, minimizing the calibration
 output error ‖X·Wᵀ − X·Ŵ(r)ᵀ‖² of that channel. Changes no float weight; the quantizing pass (rtn,
 gptq) applies the ratios from ctx.clip_ratios. Per channel (§3.2) r scales vmax/vmin; progressive
-groups (§3.1) r scales the level-0 range (s1 = fp16(r·max|W|/119)).
+groups (§3.1) r scales the level-0 range (s1 = fp16(r·max|W|/120)).
 """
 
 from __future__ import annotations

@@ -9,7 +9,10 @@ from dataclasses import dataclass, replace
 
 import torch
 
-PROTECTIVE_RANGE = 119  # level-0 range: keeps W8 = q*s2 - z inside int8 and q*s2 <= 255
+# level-0 range: the largest P for which W8 = q*s2 - z stays inside int8 for every group and any U in
+# [-P, P] (W8 in [-120, 127], q*s2 <= 240); 121 reaches W8 = 128. The QServe paper's 119 leaves one
+# level unused; deepcompressor derives 120 by the same search (docs/design.md §3.1).
+PROTECTIVE_RANGE = 120
 
 
 @dataclass
@@ -86,7 +89,7 @@ def _clip_ratios(clip_ratio: torch.Tensor | None, n: int, device) -> torch.Tenso
 
 def _progressive_codes(w: torch.Tensor, s1: torch.Tensor, s2: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
     """§3.1 codes of w [N, C] given s1 [N] and the per-column s2, z [N, C] (fp32). Because U is
-    clamped to +-119 and s2 <= 16, W8 = q*s2 - z stays in [-127, 127] for any w, on or off the grid."""
+    clamped to +-120 and s2 <= 16, W8 = q*s2 - z stays in [-120, 127] for any w, on or off the grid."""
     u = (w / s1.float()[:, None]).clamp(-PROTECTIVE_RANGE, PROTECTIVE_RANGE)
     return torch.round((u + z) / s2).clamp(0, 15)
 
@@ -113,8 +116,8 @@ def _progressive_grid(w: torch.Tensor, group_size: int, clip_ratio: torch.Tensor
 
 
 def quantize_progressive(w: torch.Tensor, group_size: int, clip_ratio: torch.Tensor | None = None) -> QuantizedWeight:
-    """§3.1: per-channel symmetric level 0 (range 119), then per-group UINT4 with integer s2, z.
-    A clip ratio r [N] shrinks the level-0 range: s1 = fp16(r*max|W|/119), so |W| > r*max clamps."""
+    """§3.1: per-channel symmetric level 0 (range 120), then per-group UINT4 with integer s2, z.
+    A clip ratio r [N] shrinks the level-0 range: s1 = fp16(r*max|W|/120), so |W| > r*max clamps."""
     w = _check_matrix(w)
     s1, s2, z, q = _progressive_grid(w, group_size, clip_ratio)
     qw = QuantizedWeight(q=q.view(w.shape).to(torch.uint8), s1=s1, group_size=group_size,

@@ -27,7 +27,7 @@ def exact_rows(group: int, g: torch.Generator) -> torch.Tensor:
     codes[:, ::span], codes[:, 1::span] = 0, 15  # each group (or row) spans the full code range
     if group == -1:
         return codes * 0.125 - 0.5  # s = 0.125, szero = 0.5: fp16-exact
-    return (8 * codes - 1) / 128  # U = 8q - 1 in [-1, 119]: s1 = 2^-7, s2 = 8, z = 1
+    return (8 * codes - 120) / 128  # U = 8q - 120 in [-120, 0]: s1 = 2^-7, s2 = 8, z = 120
 
 
 def clip_problem(group: int):
@@ -76,7 +76,7 @@ def test_clipped_progressive_keeps_int8_invariants(group):
     assert int(w8.min()) >= -128 and int(w8.max()) <= 127
     assert int((qw.q.long() * qw.s2.repeat_interleave(group, 1).long()).max()) <= 255
     assert int(qw.s2.max()) <= 16
-    expected_s1 = (ratio * w.abs().amax(1) / 119).half()
+    expected_s1 = (ratio * w.abs().amax(1) / 120).half()
     assert torch.equal(qw.s1, expected_s1)
     clamped = w.abs() > ratio[:, None] * w.abs().amax(1, keepdim=True) * 1.001
     assert clamped.any()  # the clipped values reconstruct at most ~127 s1 in magnitude

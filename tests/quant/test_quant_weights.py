@@ -25,15 +25,15 @@ def adversarial_weights(k: int = 256) -> torch.Tensor:
 
 
 def test_progressive_matches_hand_computation():
-    # s1 = 119/128/119 = 2^-7 exactly, so U = 128*W exactly; groups of 4
-    u = torch.tensor([[0, 119, -119, 64, 10, 20, 30, 40, 0, 1, 2, 37.5]])
+    # s1 = 120/128/120 = 2^-7 exactly, so U = 128*W exactly; groups of 4
+    u = torch.tensor([[0, 120, -120, 64, 10, 20, 30, 40, 0, 1, 2, 37.5]])
     qw = quantize_progressive(u / 128, group_size=4)
     assert qw.s1.dtype == torch.float16 and qw.s1.item() == 2.0**-7
-    # group 0: s2 = round(238/15) = 16, z = 119; group 1: s2 = 2, z = -10;
-    # group 2: s2 = round(2.5) = 2 (half to even), z = 0, codes round(0.5) = 0 and 18.75 -> 15
-    assert qw.s2.tolist() == [[16, 2, 2]] and qw.z.tolist() == [[119, -10, 0]]
-    assert qw.q.tolist() == [[7, 15, 0, 11, 0, 5, 10, 15, 0, 0, 1, 15]]
-    assert qw.w8().tolist() == [[-7, 121, -119, 57, 10, 20, 30, 40, 0, 0, 2, 30]]
+    # group 0: s2 = 240/15 = 16, z = 120, codes round(7.5) = 8 and round(11.5) = 12 (half to even);
+    # group 1: s2 = 2, z = -10; group 2: s2 = round(2.5) = 2, z = 0, codes round(0.5) = 0 and 18.75 -> 15
+    assert qw.s2.tolist() == [[16, 2, 2]] and qw.z.tolist() == [[120, -10, 0]]
+    assert qw.q.tolist() == [[8, 15, 0, 12, 0, 5, 10, 15, 0, 0, 1, 15]]
+    assert qw.w8().tolist() == [[8, 120, -120, 72, 10, 20, 30, 40, 0, 0, 2, 30]]
     assert torch.equal(qw.dequantize(), qw.w8().float() / 128)
 
 
@@ -58,15 +58,15 @@ def test_progressive_invariants(group_size, kind):
     assert int(w8.min()) >= -128 and int(w8.max()) <= 127
     qs2 = qw.q.long() * qw.s2.repeat_interleave(group_size, 1).long()
     assert int(qs2.max()) <= 255
-    assert 1 <= int(qw.s2.min()) and int(qw.s2.max()) <= 16  # P = 119 bounds s2 by 16
+    assert 1 <= int(qw.s2.min()) and int(qw.s2.max()) <= 16  # P = 120 bounds s2 by 16
     assert torch.isfinite(qw.s1).all() and (qw.s1 > 0).all()
     w_hat = qw.dequantize()
     assert torch.isfinite(w_hat).all()
     # error in U units: <= s2/2 where the code is not clamped at 15, <= 8 anywhere (s2 rounding
-    # down can push up to 7.5 + 0.5 units past 15*s2); plus the clamp of W/s1 to +-119
+    # down can push up to 7.5 + 0.5 units past 15*s2); plus the clamp of W/s1 to +-120
     s1 = qw.s1.float()[:, None]
     s2 = qw.s2.repeat_interleave(group_size, 1).float()
-    u_clamp_err = ((w.abs() / s1 - 119).clamp_min(0)) * s1
+    u_clamp_err = ((w.abs() / s1 - 120).clamp_min(0)) * s1
     err = (w - w_hat).abs()
     slack = 1e-6 * w.abs() + 1e-30
     assert (err <= 8 * s1 + u_clamp_err + slack).all()

@@ -95,7 +95,7 @@ def test_gemm_groups_beyond_128(group_size, n, k):
 
 
 def test_gemm_level2_scale_16_and_zero_codes():
-    """Every group spans its channel's whole int8 range [-119, 119], so s2 = 16, the largest the format
+    """Every group spans its channel's whole level-0 range [-120, 120], so s2 = 16, the largest the format
     allows (q*s2 reaches 240 in the kernels' byte-parallel multiplies), and a run of codes 0 fills whole
     packed words."""
     n, k = 160, 512
