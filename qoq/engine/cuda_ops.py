@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from qoq.quant.kv import dequantize_kv
 from qoq.runtime_cuda import attention_reference, reference
 
 
@@ -55,6 +56,10 @@ class ReferenceOps:
 
     def decode_attention_fp16(self, q, k_pool, v_pool, page_table, seq_lens, max_seq_len):
         return attention_reference.decode_attention_fp16(q, k_pool, v_pool, page_table, seq_lens)
+
+    def read_kv4_slots(self, k_pages, v_pages, page, offset, hkv, d):
+        return tuple(dequantize_kv(*attention_reference.read_kv4_slots(pool, page, offset, hkv, d), dtype=self.dtype)
+                     for pool in (k_pages, v_pages))
 
     def chunk_attention(self, q, k, v, plan):
         """Per chunk, SDPA under an explicit bottom-right causal mask (the reference runner's own call)."""
@@ -117,6 +122,9 @@ class KernelOps:
 
     def decode_attention_fp16(self, q, k_pool, v_pool, page_table, seq_lens, max_seq_len):
         return self._attention.decode_attention_fp16(q, k_pool, v_pool, page_table, seq_lens, max_seq_len)
+
+    def read_kv4_slots(self, k_pages, v_pages, page, offset, hkv, d):
+        return self._attention.read_kv4_slots(k_pages, v_pages, page, offset, hkv, d)
 
     def chunk_attention(self, q, k, v, plan):
         return self._attention.chunk_attention(q, k, v, plan.cu_q, plan.cu_k, plan.max_q, plan.max_k)

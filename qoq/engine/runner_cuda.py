@@ -36,7 +36,6 @@ from qoq.engine.fp8_linear import Fp8Linear
 from qoq.engine.model_loading import artifact_format, kv_cache, rope_tables
 from qoq.engine.prefill_inputs import PrefillInputs, prefill_inputs
 from qoq.executor.build import load_artifact_model
-from qoq.quant.kv import dequantize_kv
 from qoq.runtime_cuda import attention_reference as ref
 
 ACTIVATION_RESERVE = 2 << 30  # bytes left free beside the KV pages (activations, graphs, logits)
@@ -174,9 +173,8 @@ class CudaRunner:
         """The prefill chunks' cached K/V (plan.context_slots) -> k, v [Tk, Hkv, D] in the activations' dtype."""
         if not self.kv4:
             return self.cache.gather(i, plan.context_slots)
-        return tuple(dequantize_kv(*ref.read_kv4_slots(pool, plan.context_page, plan.context_offset, self.hkv,
-                                                       self.d), dtype=self.dtype)
-                     for pool in (self.cache.k_pages(i), self.cache.v_pages(i)))
+        return self.ops.read_kv4_slots(self.cache.k_pages(i), self.cache.v_pages(i), plan.context_page,
+                                       plan.context_offset, self.hkv, self.d)
 
     def _prefill_attention(self, i: int, q: torch.Tensor, plan: PrefillInputs | None, singles) -> torch.Tensor:
         """Chunks of one token (decodes in a mixed batch) through decode attention, as in decode steps

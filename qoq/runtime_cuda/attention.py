@@ -1,4 +1,5 @@
-"""Thin wrappers around the KV4 attention kernels (csrc/kv_rope_write.cu, csrc/attention_decode_kv4.cu),
+"""Thin wrappers around the KV4 attention kernels (csrc/kv_rope_write.cu, csrc/attention_decode_kv4.cu,
+csrc/kv4_read.cu),
 the kernels over the fp16 artifact's pages (kv_rope_write.cu's fp16 write, csrc/attention_decode_fp16.cu)
 and torch's flash-attention (variable lengths) for prefill. Contracts and layouts: attention_reference.py,
 which holds a pure-torch twin of each function here.
@@ -18,7 +19,8 @@ from qoq.runtime_cuda.build import load_extension
 from qoq.runtime_cuda.devices import same_device
 from qoq.runtime_cuda.split_counters import split_counters
 
-SOURCES = ("attention_decode_kv4.cu", "attention_decode_fp16.cu", "kv_rope_write.cu", "attention_bindings.cu")
+SOURCES = ("attention_decode_kv4.cu", "attention_decode_fp16.cu", "kv_rope_write.cu", "kv4_read.cu",
+           "attention_bindings.cu")
 MAX_SPLITS = 64  # the kernel's combine step holds one weight per split in shared memory
 SHORT_PAGES = 8
 CTAS_PER_SM = 4  # the decode kernel's occupancy (its registers and shared memory)
@@ -247,6 +249,23 @@ def rope_kv_write_fp16(qkv, positions, slots, cos, sin, k_pool, v_pool, num_q_he
     extension().rope_kv_write_fp16(qkv, positions.contiguous(), slots.contiguous(), cos, sin, q, k_pool, v_pool,
                                    enable_pdl)
     return q
+
+
+def read_kv4_slots(k_pages, v_pages, page, offset, num_kv_heads: int, head_dim: int):
+    """One layer's K and V at slots page * 64 + offset (int64 [T] each, any pages and order) -> k, v
+    [T, Hkv, D] fp16, dequantized (csrc/kv4_read.cu, one launch for both): the values of
+    attention_reference.read_kv4_slots followed by qoq.quant.kv.dequantize_kv, bit for bit."""
+    same_device("k_pages", k_pages, v_pages=v_pages, page=page, offset=offset)
+    if page.dtype != torch.int64 or offset.dtype != torch.int64 or page.shape != offset.shape or page.dim() != 1:
+        raise ValueError(f"page and offset must be int64 [T], got {page.dtype} {tuple(page.shape)} and "
+                         f"{offset.dtype} {tuple(offset.shape)}")
+    if head_dim % 8:
+        raise ValueError(f"head_dim must be a multiple of 8, got {head_dim}")
+    t = page.shape[0]
+    k = torch.empty(t, num_kv_heads, head_dim, dtype=torch.float16, device=k_pages.device)
+    v = torch.empty_like(k)
+    extension().kv4_read(k_pages, v_pages, page.contiguous(), offset.contiguous(), k, v)
+    return k, v
 
 
 def prefill_attention(q, k, v, seq_lens: list[int], scale: float | None = None) -> torch.Tensor:

@@ -187,3 +187,28 @@ def test_chunk_attention_aligns_queries_bottom_right():
     out = attention.chunk_attention(q, k, v, plan.cu_q, plan.cu_k, plan.max_q, plan.max_k)
     expected = ReferenceOps(torch.float32).chunk_attention(q.float(), k.float(), v.float(), plan)
     assert _rel(out, expected) < 2e-3
+
+
+@pytest.mark.parametrize("hkv,dim", [(2, 128), (4, 64), (8, 128), (1, 64)])
+def test_read_kv4_slots_matches_reference(hkv, dim):
+    """Slots in any order over pages of garbage (NaN and inf scales included), after a RoPE write ahead
+    in the stream: equal, bit for bit, to the reference read + dequantize_kv."""
+    from qoq.quant.kv import dequantize_kv
+
+    gen = torch.Generator(device="cuda").manual_seed(hkv * dim)
+    n_pages, t = 9, 333
+    pools = [torch.randint(0, 256, (n_pages, ref.page_bytes(hkv, dim)), device="cuda", dtype=torch.uint8,
+                           generator=gen) for _ in range(2)]
+    hq = 2 * hkv
+    qkv = torch.randn(100, (hq + 2 * hkv) * dim, device="cuda", generator=gen).half()
+    cos, sin = _rope_tables(4096, dim, "cuda")
+    written = torch.randperm(n_pages * 64, device="cuda", generator=gen)[:100]
+    attention.rope_kv4_write(qkv, torch.arange(100, device="cuda"), written, cos, sin, *pools, hq, hkv)
+    slots = torch.cat([written, torch.randint(0, n_pages * 64, (t - 100,), device="cuda", generator=gen)])
+    page, offset = slots // 64, slots % 64
+    k, v = attention.read_kv4_slots(*pools, page, offset, hkv, dim)
+    for out, pool in zip((k, v), pools):
+        expected = dequantize_kv(*ref.read_kv4_slots(pool, page, offset, hkv, dim), dtype=torch.float16)
+        torch.testing.assert_close(out, expected, rtol=0, atol=0, equal_nan=True)
+    empty = torch.empty(0, dtype=torch.int64, device="cuda")
+    assert attention.read_kv4_slots(*pools, empty, empty, hkv, dim)[0].shape == (0, hkv, dim)

@@ -207,6 +207,37 @@ void rope_kv_write_fp16(const torch::Tensor& qkv, const torch::Tensor& positions
   TORCH_CHECK(err == cudaSuccess, "rope_kv_write_fp16 launch failed (head_dim ", D, "): ", cudaGetErrorString(err));
 }
 
+void kv4_read(const torch::Tensor& k_pages, const torch::Tensor& v_pages, const torch::Tensor& page,
+              const torch::Tensor& offset, torch::Tensor& k_out, torch::Tensor& v_out) {
+  const c10::Device device = k_out.device();
+  check(k_pages, "k_pages", at::kByte, 2, device);
+  check(v_pages, "v_pages", at::kByte, 2, device);
+  check(page, "page", at::kLong, 1, device);
+  check(offset, "offset", at::kLong, 1, device);
+  check(k_out, "k_out", at::kHalf, 3, device);
+  check(v_out, "v_out", at::kHalf, 3, device);
+  const int64_t T = k_out.size(0), Hkv = k_out.size(1), D = k_out.size(2);
+  TORCH_CHECK(D % 8 == 0, "head_dim must be a multiple of 8, got ", D);
+  TORCH_CHECK(v_out.sizes() == k_out.sizes() && page.size(0) == T && offset.size(0) == T,
+              "page/offset [T] and k_out/v_out [T, Hkv, D] disagree");
+  TORCH_CHECK(k_pages.sizes() == v_pages.sizes() && k_pages.size(1) == Hkv * qoq_attn::kPageTokens * (D / 2 + 4),
+              "page bytes do not match heads/head_dim");
+  qoq_attn::KV4ReadParams p{};
+  p.k_pages = k_pages.data_ptr<uint8_t>();
+  p.v_pages = v_pages.data_ptr<uint8_t>();
+  p.page = page.data_ptr<int64_t>();
+  p.offset = offset.data_ptr<int64_t>();
+  p.k_out = reinterpret_cast<half*>(k_out.data_ptr<at::Half>());
+  p.v_out = reinterpret_cast<half*>(v_out.data_ptr<at::Half>());
+  p.page_bytes = k_pages.size(1);
+  p.tokens = static_cast<int>(T);
+  p.num_kv_heads = static_cast<int>(Hkv);
+  p.head_dim = static_cast<int>(D);
+  const c10::cuda::CUDAGuard guard(device);
+  const cudaError_t err = qoq_attn::launch_kv4_read(p, c10::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, "kv4_read launch failed: ", cudaGetErrorString(err));
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -214,4 +245,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_fp16", &decode_fp16, "decode attention over fp16 pages");
   m.def("rope_kv4_write", &rope_kv4_write, "RoPE on q/k + KV4 quantize-and-write of k/v");
   m.def("rope_kv_write_fp16", &rope_kv_write_fp16, "RoPE on q/k + write of k/v to fp16 pools");
+  m.def("kv4_read", &kv4_read, "KV4 slots of K and V read back as fp16");
 }

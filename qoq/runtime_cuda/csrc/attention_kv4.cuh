@@ -49,6 +49,19 @@ struct RopeWriteParams {
                    // before its wait)
 };
 
+// kv4_read.cu: the KV4 slots page * 64 + offset of K and V read back as fp16 [T, H_kv, D] (prefill attention's
+// context; attention_reference.read_kv4_slots + dequantize_kv). head_dim a multiple of 8.
+struct KV4ReadParams {
+  const uint8_t* k_pages;
+  const uint8_t* v_pages;
+  const int64_t* page;    // [T]
+  const int64_t* offset;  // [T] in 0..63
+  half* k_out;            // [T, H_kv, D]
+  half* v_out;
+  int64_t page_bytes;
+  int tokens, num_kv_heads, head_dim;
+};
+
 // Host launchers (return the launch error, cudaSuccess when fine). launch_decode_fp16 takes the same
 // DecodeParams over fp16 pools [P][64][H_kv][D] (page_bytes = 64 * H_kv * D * 2; plain launch: no
 // `dependent`): attention_decode_fp16.cu.
@@ -56,6 +69,7 @@ cudaError_t launch_decode_kv4(const DecodeParams& p, int head_dim, cudaStream_t 
 cudaError_t launch_decode_fp16(const DecodeParams& p, int head_dim, cudaStream_t stream);
 cudaError_t launch_rope_kv4_write(const RopeWriteParams& p, int head_dim, cudaStream_t stream);
 cudaError_t launch_rope_kv_write_fp16(const RopeWriteParams& p, int head_dim, cudaStream_t stream);
+cudaError_t launch_kv4_read(const KV4ReadParams& p, cudaStream_t stream);
 
 // ---- device helpers ---------------------------------------------------------------------------
 
