@@ -35,7 +35,8 @@ an earlier run found wrong (fuzz_shapes.REGRESSION_GEMM_*; rows marked pinned li
    quantization kernel, next to F.linear fp16: data for choosing gemm.Routing there. The Routing table was
    fit to Llama-2-7B shapes (N, K >= 4096); at N, K <= 2048 every M from 97 to 512 falls through
    _wgmma_variant to its last branch, wg64x64k2 (fewer than one wave of 128x64 tiles, M > wg_half_empty_m),
-   a regime its sweep never timed.
+   a regime its sweep never timed. With --routing-from JSON, the same over the --routing-count slowest timed
+   GEMM cases of that earlier run instead (the GEMVs too where M <= 64).
 Sanitizers run as a separate command on a small run (see SANITIZER_NOTE); --sanitizer-logs TOOL=PATH folds their
 "ERROR SUMMARY" counts in.
 
@@ -229,42 +230,53 @@ def attention_class(case: fs.AttentionCase, sms: int) -> tuple:
 
 # -- routing sweep -------------------------------------------------------------------------------------
 
-def routing_sweep(deadline: float, on_row) -> list[dict]:
+def routing_grid() -> list[tuple[int, int, int, int]]:
+    """(M, N, K, group) at the hidden sizes of 1-2B models."""
+    return [(m, n, k, g) for g in ROUTING_GROUPS for n, k in ROUTING_NK for m in ROUTING_M]
+
+
+def slowest_shapes(path: Path, count: int) -> list[tuple[int, int, int, int]]:
+    """(M, N, K, group) of the `count` timed GEMM cases of an earlier run with the lowest speedup vs FP16."""
+    rows = [r for r in json.loads(path.read_text())["gemm_timing"] if "speedup" in r]
+    return [(r["m"], r["n"], r["k"], r["g"]) for r in sorted(rows, key=lambda r: r["speedup"])[:count]]
+
+
+def routing_sweep(deadline: float, on_row, shapes: list[tuple[int, int, int, int]]) -> list[dict]:
     from bench.gemm_h200 import baseline_calls, w4a8_calls
-    from qoq.runtime_cuda.gemm import VARIANTS, auto_variant, is_hopper
+    from qoq.runtime_cuda.gemm import GEMV_GROUPS, GEMV_MAX_M, VARIANTS, auto_variant, is_hopper
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     hopper = is_hopper(torch.device(DEV))
     rows = []
-    for group in ROUTING_GROUPS:
-        for n, k in ROUTING_NK:
-            for m in ROUTING_M:
-                if time.time() > deadline:
-                    return rows
-                row = dict(n=n, k=k, m=m, g=group, auto=auto_variant(m, n, k, group, sms, hopper, pdl=True))
-                row["fp16_us"] = round(time_graph(baseline_calls("fp16", m, n, k)[0], REPS), 3)
-                times = {}
-                for variant in VARIANTS:
-                    if variant.startswith("gemv") or (variant.startswith("wg") and not hopper):
-                        continue  # the GEMVs take M <= 64
-                    try:
-                        times[variant] = round(time_graph(w4a8_calls(m, n, k, group, variant, enable_pdl=True,
-                                                                     quantize=True), REPS), 3)
-                    except Exception as exc:
-                        row.setdefault("errors", {})[variant] = error_message(exc)
-                row["us"] = times
-                try:  # the auto pick without its quantization kernel: what the quantization costs here
-                    row["auto_gemm_only_us"] = round(time_graph(w4a8_calls(m, n, k, group, row["auto"],
-                                                                           enable_pdl=True), REPS), 3)
-                except Exception as exc:
-                    row.setdefault("errors", {})["auto_gemm_only"] = error_message(exc)
-                if times:
-                    best = min(times, key=times.get)
-                    row.update(best=best, best_speedup=round(row["fp16_us"] / times[best], 4),
-                               auto_speedup=round(row["fp16_us"] / times[row["auto"]], 4) if row["auto"] in times
-                               else None)
-                rows.append(row)
-                on_row(row)
+    for m, n, k, group in shapes:
+        if time.time() > deadline:
+            return rows
+        row = dict(n=n, k=k, m=m, g=group, auto=auto_variant(m, n, k, group, sms, hopper, pdl=True))
+        row["fp16_us"] = round(time_graph(baseline_calls("fp16", m, n, k)[0], REPS), 3)
+        times = {}
+        for variant in VARIANTS:
+            if variant.startswith("gemv") and (m > GEMV_MAX_M or group not in GEMV_GROUPS):
+                continue
+            if variant.startswith("wg") and not hopper:
+                continue
+            try:
+                times[variant] = round(time_graph(w4a8_calls(m, n, k, group, variant, enable_pdl=True,
+                                                             quantize=True), REPS), 3)
+            except Exception as exc:
+                row.setdefault("errors", {})[variant] = error_message(exc)
+        row["us"] = times
+        try:  # the auto pick without its quantization kernel: what the quantization costs here
+            row["auto_gemm_only_us"] = round(time_graph(w4a8_calls(m, n, k, group, row["auto"],
+                                                                   enable_pdl=True), REPS), 3)
+        except Exception as exc:
+            row.setdefault("errors", {})["auto_gemm_only"] = error_message(exc)
+        if times:
+            best = min(times, key=times.get)
+            row.update(best=best, best_speedup=round(row["fp16_us"] / times[best], 4),
+                       auto_speedup=round(row["fp16_us"] / times[row["auto"]], 4) if row["auto"] in times
+                       else None)
+        rows.append(row)
+        on_row(row)
     return rows
 
 
@@ -405,6 +417,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--pdl-tests", action="store_true", help="run tests/runtime_cuda/test_pdl_sequences.py too")
     ap.add_argument("--routing-sweep", action="store_true", help="time every GEMM variant at 1-2B hidden sizes")
     ap.add_argument("--routing-seconds", type=float, default=60.0)
+    ap.add_argument("--routing-from", type=Path, metavar="JSON",
+                    help="sweep the slowest timed GEMM cases of this earlier run instead of the 1-2B grid")
+    ap.add_argument("--routing-count", type=int, default=40, help="how many of them (--routing-from)")
     ap.add_argument("--sanitizer-logs", nargs="*", default=[], metavar="TOOL=PATH",
                     help="compute-sanitizer logs whose ERROR SUMMARY counts go into the summary")
     ap.add_argument("--resummarize", type=Path, metavar="JSON",
@@ -547,7 +562,8 @@ def main(argv: list[str] | None = None) -> None:
                   flush=True)
             dump(result, path)
 
-        routing_sweep(sweep_end, on_sweep)
+        shapes = slowest_shapes(args.routing_from, args.routing_count) if args.routing_from else routing_grid()
+        routing_sweep(sweep_end, on_sweep, shapes)
     if args.pdl_tests:
         left = deadline - time.time()
         result["pdl_tests"] = run_pdl_tests(left) if left > 20 else dict(ran=False, note="no time left")
