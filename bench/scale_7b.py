@@ -31,12 +31,16 @@ HIDDEN, INTER, HEADS, VOCAB = 4096, 11008, 32, 49152
 SEARCH_OPTIONS = {"clip": {"max_tokens": 512, "grid": 10}, "smooth_down": {"grid_step": 0.25}}
 
 
-def write_checkpoint(path: Path, layers: int) -> None:
+def write_checkpoint(path: Path, layers: int, *, hidden: int = HIDDEN, inter: int = INTER, heads: int = HEADS,
+                     vocab: int = VOCAB, tokenizer_dir: Path | None = None, device: str = "cpu") -> None:
+    """A Llama checkpoint of random weights (Llama-2-7B's shape by default) with the tokenizer files of
+    tokenizer_dir (default SmolLM2's). `device` draws the numbers there (a GPU draws 7B of them in
+    seconds; other numbers than the CPU's, the same distribution)."""
     path.mkdir(parents=True, exist_ok=True)
-    g = torch.Generator().manual_seed(0)
+    g = torch.Generator(device=device).manual_seed(0)
 
     def randn(*shape):  # fp16 [*shape], std 0.02 like an initialized LLM
-        return (torch.randn(*shape, generator=g) * 0.02).half()
+        return (torch.randn(*shape, generator=g, device=device) * 0.02).half().cpu()
 
     weight_map, shards = {}, []
     def save(name: str, tensors: dict) -> None:  # noqa: E306
@@ -44,24 +48,24 @@ def write_checkpoint(path: Path, layers: int) -> None:
         weight_map.update({k: name for k in tensors})
         shards.append(name)
 
-    save("model-embed.safetensors", {"model.embed_tokens.weight": randn(VOCAB, HIDDEN),
-                                     "model.norm.weight": torch.ones(HIDDEN).half(),
-                                     "lm_head.weight": randn(VOCAB, HIDDEN)})
+    save("model-embed.safetensors", {"model.embed_tokens.weight": randn(vocab, hidden),
+                                     "model.norm.weight": torch.ones(hidden).half(),
+                                     "lm_head.weight": randn(vocab, hidden)})
     for i in range(layers):
         p = f"model.layers.{i}."
         save(f"model-layer{i:03d}.safetensors", {
-            p + "input_layernorm.weight": torch.ones(HIDDEN).half(),
-            p + "post_attention_layernorm.weight": torch.ones(HIDDEN).half(),
-            **{p + f"self_attn.{n}.weight": randn(HIDDEN, HIDDEN) for n in ("q_proj", "k_proj", "v_proj", "o_proj")},
-            p + "mlp.gate_proj.weight": randn(INTER, HIDDEN), p + "mlp.up_proj.weight": randn(INTER, HIDDEN),
-            p + "mlp.down_proj.weight": randn(HIDDEN, INTER)})
+            p + "input_layernorm.weight": torch.ones(hidden).half(),
+            p + "post_attention_layernorm.weight": torch.ones(hidden).half(),
+            **{p + f"self_attn.{n}.weight": randn(hidden, hidden) for n in ("q_proj", "k_proj", "v_proj", "o_proj")},
+            p + "mlp.gate_proj.weight": randn(inter, hidden), p + "mlp.up_proj.weight": randn(inter, hidden),
+            p + "mlp.down_proj.weight": randn(hidden, inter)})
     (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    config = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": HIDDEN,
-              "intermediate_size": INTER, "num_hidden_layers": layers, "num_attention_heads": HEADS,
-              "num_key_value_heads": HEADS, "vocab_size": VOCAB, "max_position_embeddings": 4096,
+    config = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": hidden,
+              "intermediate_size": inter, "num_hidden_layers": layers, "num_attention_heads": heads,
+              "num_key_value_heads": heads, "vocab_size": vocab, "max_position_embeddings": 4096,
               "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False}
     (path / "config.json").write_text(json.dumps(config, indent=2))
-    tokenizer_dir = resolve_model("smollm2-135m")
+    tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir is not None else resolve_model("smollm2-135m")
     for name in TOKENIZER_FILES:
         if (tokenizer_dir / name).exists() and name != "generation_config.json":
             shutil.copy(tokenizer_dir / name, path / name)

@@ -45,9 +45,10 @@ def _emit(data: dict, as_json: bool, render) -> None:
 
 
 def _render_quantize(s: dict) -> None:
+    gpu = f", {s['device']} peak {s['peak_gpu_mem_gib']:.2f} GiB" if "peak_gpu_mem_gib" in s else ""
     out.print(f"[green]wrote[/green] {s['output']}  ({s['recipe']}, {s['layers']} layers, block rel err "
               f"mean {s['block_rel_err_mean']:.4f} max {s['block_rel_err_max']:.4f}, {s['seconds']:.1f} s, "
-              f"peak RSS {s['peak_rss_gib']:.2f} GiB)", highlight=False)
+              f"peak RSS {s['peak_rss_gib']:.2f} GiB{gpu})", highlight=False)
 
 
 @app.command()
@@ -58,6 +59,9 @@ def quantize(
     output: Path = typer.Option(..., metavar="DIR", help="artifact directory to create"),
     data_dir: Optional[Path] = typer.Option(None, metavar="DIR", help="local copies of datasets (default: $QOQ_DATA_DIR)"),
     overwrite: bool = typer.Option(False, help="replace an existing qoq artifact (or empty directory) at --output"),
+    device: str = typer.Option("cpu", metavar="DEVICE",
+                               help="where the passes run, block by block: cpu, cuda or cuda:N (a GPU gives the "
+                                    "CPU's results up to float rounding)"),
     as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
 ):
     """Quantize a model with a recipe and write a packed artifact."""
@@ -66,7 +70,7 @@ def quantize(
     from qoq.recipe import load_recipe
 
     result = quantize_model(model, load_recipe(recipe), output, data_dir=resolve_data_dir(data_dir),
-                            overwrite=overwrite)
+                            overwrite=overwrite, device=device)
     _emit(result.summary, as_json, _render_quantize)
 
 

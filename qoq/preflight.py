@@ -1,6 +1,6 @@
-"""Checks run before any long work, so a run never fails after its calibration: the output can be
-written and replaced, the disk has room for the artifact, the checkpoint has every tensor (with the
-right shape) the model needs, and the calibration activations fit in memory."""
+"""Checks run before any long work, so a run never fails after its calibration: the device exists, the
+output can be written and replaced, the disk has room for the artifact, the checkpoint has every tensor
+(with the right shape) the model needs, and the calibration activations fit in memory (the GPU's too)."""
 
 from __future__ import annotations
 
@@ -62,6 +62,50 @@ def _numel(shape: list[int]) -> int:
     return n
 
 
+DEVICE_FORM = re.compile(r"^(cpu|cuda)(:\d+)?$")
+
+
+def check_device(device):
+    """The torch.device a quantization runs on, from 'cpu', 'cuda' or 'cuda:N' (a string or a
+    torch.device); a CUDA device must be visible to this process. Called before anything else is read."""
+    import torch
+
+    text = str(device)
+    if not DEVICE_FORM.match(text) or text.startswith("cpu:"):
+        raise ValueError(f"device '{text}' is not one of cpu, cuda, cuda:N")
+    dev = torch.device(text)
+    if dev.type == "cpu":
+        return dev
+    if torch.version.cuda is None:
+        raise RuntimeError(f"device {text}: this torch build has no CUDA support (torch {torch.__version__})")
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"device {text}: no CUDA GPU is available to this process "
+                           "(torch.cuda.is_available() is False)")
+    count = torch.cuda.device_count()
+    index = 0 if dev.index is None else dev.index
+    if index >= count:
+        raise RuntimeError(f"device {text}: only {count} CUDA device(s) are visible (cuda:0..cuda:{count - 1})")
+    return torch.device("cuda", index)
+
+
+def check_device_memory(device, cfg: ModelConfig, samples: int, seq_len: int) -> None:
+    """On a GPU: the calibration activations and one fp32 block (with a working copy) fit in its free
+    memory."""
+    if device.type != "cuda":
+        return
+    import torch
+
+    block = cfg.hidden_size * (2 * cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim \
+        + 3 * cfg.hidden_size * cfg.intermediate_size  # parameters
+    needed = ACTIVATION_COPIES * samples * seq_len * cfg.hidden_size * 4 + 2 * 4 * block
+    free, _ = torch.cuda.mem_get_info(device)
+    if needed > free:
+        raise ValueError(
+            f"quantizing on {device} needs about {_gib(needed)} of GPU memory (calibration activations "
+            f"{samples} x {seq_len} x {cfg.hidden_size} and one fp32 block), but {_gib(free)} is free; lower "
+            "the recipe's [calibration] samples or seq_len, or use another device")
+
+
 def check_space(output: Path, needed: int) -> None:
     existing = output.parent
     while not existing.exists():
@@ -117,10 +161,12 @@ def check_memory(cfg: ModelConfig, samples: int, seq_len: int) -> None:
 
 
 def run_all(model: str, model_dir: Path, reader: CheckpointReader, cfg: ModelConfig, recipe: Recipe,
-            output: Path, overwrite: bool) -> None:
+            output: Path, overwrite: bool, device=None) -> None:
     check_output(output, overwrite, model_dir)
     shapes = reader.shapes()
     check_checkpoint(reader, cfg, shapes, model)
     check_space(output, estimate_artifact_bytes(shapes, recipe, cfg.tie_word_embeddings))
     check_memory(cfg, recipe.calibration.samples, recipe.calibration.seq_len)
+    if device is not None:
+        check_device_memory(device, cfg, recipe.calibration.samples, recipe.calibration.seq_len)
 

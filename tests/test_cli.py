@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from checkpoints import make_tiny_checkpoint
@@ -131,3 +132,18 @@ def test_eval_wikitext2_on_artifact_and_on_float_model(artifact, tiny_dir, share
 def test_eval_refuses_more_windows_than_the_split_has(artifact, shared_data):
     result = qoq("eval", "wikitext2", artifact, "--windows", 10**6, "--data-dir", shared_data)
     assert_one_line_error(result, "windows must be in [1, ", "got 1000000")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a CUDA GPU")
+def test_device_cuda_without_gpu(tmp_path, tiny_dir):
+    out = tmp_path / "out"
+    assert_one_line_error(qoq("quantize", "--model", tiny_dir, "--output", out, "--device", "cuda"),
+                          "device cuda", "CUDA")
+    assert not out.exists()
+
+
+def test_device_not_a_device(tmp_path, tiny_dir):
+    out = tmp_path / "out"
+    assert_one_line_error(qoq("quantize", "--model", tiny_dir, "--output", out, "--device", "gpu0"),
+                          "device 'gpu0'", "cpu, cuda, cuda:N")
+    assert not out.exists()

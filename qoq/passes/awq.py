@@ -61,7 +61,7 @@ def search_group_clip(weight: torch.Tensor, x: torch.Tensor, group_size: int, ra
     gram = xg.transpose(1, 2) @ xg  # [G, g, g]: the diagonal blocks of XᵀX
     best_r, best_e, first = None, None, None
     for r in ratios.tolist():
-        delta = (weight - quantize_asymmetric(weight, group_size, torch.full((n, k // g), r)).dequantize()).view(n, k // g, g)
+        delta = (weight - quantize_asymmetric(weight, group_size, torch.full((n, k // g), r, device=weight.device)).dequantize()).view(n, k // g, g)
         e = torch.einsum("ngk,gkl,ngl->ng", delta, gram, delta)  # [N, G]
         if best_e is None:
             best_r, best_e, first = torch.full_like(e, r), e, e

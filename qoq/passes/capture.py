@@ -46,7 +46,7 @@ def capture_inputs(block, inputs: torch.Tensor, position_ids: torch.Tensor, name
     """The inputs each named linear sees: {name: [tokens, K]} fp32, at most `max_tokens` rows (a seeded
     uniform subsample, the same rows for every linear). Only the samples holding kept rows are run."""
     n, t = inputs.shape[:2]
-    keep = torch.arange(n * t)
+    keep = torch.arange(n * t)  # CPU indices, whatever the inputs' device: the same rows on every device
     if max_tokens is not None and n * t > max_tokens:
         keep = torch.randperm(n * t, generator=torch.Generator().manual_seed(seed))[:max_tokens].sort().values
     samples = torch.unique(keep // t)  # [S] samples that hold kept rows

@@ -23,16 +23,16 @@ def search_clip_ratios(weight: torch.Tensor, group_size: int, error: OutputError
     A row's quantization depends on its own ratio only, so each ratio scores all N rows at once.
     `quantize(weight, clip_ratio [N])` -> the dequantized weight (default: QoQ's of group_size).
     Returns (ratio [N], error at ratios[0] [N], error at the chosen ratio [N])."""
-    n = weight.shape[0]
+    n, device = weight.shape[0], weight.device
     if quantize is None:
         quantize = lambda w, r: fake_quantize(w, group_size, clip_ratio=r)
 
     def error_at(r: float) -> torch.Tensor:  # [N]
-        return error(weight - quantize(weight, torch.full((n,), r)))
+        return error(weight - quantize(weight, torch.full((n,), r, device=device)))
 
     first = ratios[0].item()
     first_err = error_at(first)
-    best_ratio, best_err = torch.full((n,), first), first_err
+    best_ratio, best_err = torch.full((n,), first, device=device), first_err
     for r in ratios[1:].tolist():
         err = error_at(r)
         better = err < best_err
@@ -76,7 +76,7 @@ class Clip(Pass):
             error, order = errors[SHARED_INPUT[name]], ctx.input_orders.get(SHARED_INPUT[name])
             quantize = lambda w, r, order=order: fake_quantize_for_format(w, fmt, r, order)
             if o.fixed_ratio > 0:  # every channel takes it; the errors still say what it did
-                ratio = torch.full((weight.shape[0],), o.fixed_ratio)
+                ratio = torch.full((weight.shape[0],), o.fixed_ratio, device=weight.device)
                 err_before, err_after = error(weight - quantize(weight, None)), error(weight - quantize(weight, ratio))
             else:
                 ratio, err_before, err_after = search_clip_ratios(weight, fmt.group_size, error, ratios, quantize)

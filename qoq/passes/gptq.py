@@ -14,7 +14,7 @@ from qoq.models.llama import BLOCK_LINEARS
 from qoq.passes.base import PASSES, BlockContext, Pass
 from qoq.passes.capture import SHARED_INPUT, OutputError, capture_linear_inputs
 from qoq.quant.formats import AnyWeight, fake_quantize_for_format, quantize_for_format
-from qoq.quant.weights import quantize_weight
+from qoq.quant.weights import PROTECTIVE_RANGE, QuantizedWeight, quantize_weight
 
 HESSIAN_CHUNK = 1024  # calibration rows per XᵀX partial sum
 DAMP_RETRIES = 4  # each retry multiplies the damping by 10
@@ -70,6 +70,32 @@ def factor_hessian(h: torch.Tensor, damp: float = 0.01, act_order: bool = True) 
     return HessianFactor(order, hinv, dead, damp_used, retries)
 
 
+def _column_rounder(grid: AnyWeight, columns: torch.Tensor):
+    """round_column(column [1, N], i) -> (codes [1, N], dequantized fp32 [1, N]) of the block's i-th column
+    (weight column columns[i]) on the grid: its round_onto, or for QoQ's progressive grid the same float
+    operations with the column's s2 and z gathered once per block. The column loop runs a few dozen
+    small ops per column, so each one saved counts (on a GPU, each is a kernel launch)."""
+    if isinstance(grid, QuantizedWeight) and grid.group_size != -1:
+        s1 = grid.s1.float()  # [N]
+        groups = columns // grid.group_size  # [B]
+        s2 = grid.s2[:, groups].float().t().unbind(0)  # B rows [N]
+        z = grid.z[:, groups].float().t().unbind(0)
+
+        def round_progressive(column: torch.Tensor, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+            # weights._progressive_codes and round_onto_grid's dequantization, on a transposed column
+            u = (column / s1).clamp(-PROTECTIVE_RANGE, PROTECTIVE_RANGE)
+            q = torch.round((u + z[i]) / s2[i]).clamp(0, 15)
+            return q, s1 * (q * s2[i] - z[i])
+
+        return round_progressive
+
+    def round_onto(column: torch.Tensor, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        q, w_hat = grid.round_onto(column.t(), columns[i : i + 1])  # [N, 1] each
+        return q.t(), w_hat.t()
+
+    return round_onto
+
+
 def gptq_quantize(weight: torch.Tensor, h: torch.Tensor | HessianFactor, group_size: int,
                   clip_ratio: torch.Tensor | None = None, damp: float = 0.01, act_order: bool = True,
                   block_size: int = 128, grid: AnyWeight | None = None) -> tuple[AnyWeight, dict]:
@@ -95,13 +121,18 @@ def gptq_quantize(weight: torch.Tensor, h: torch.Tensor | HessianFactor, group_s
         i2 = min(i1 + block_size, k)
         block, hinv_block = wt[i1:i2], hinv[i1:i2, i1:i2]  # views [B, N], [B, B]
         err_block = torch.empty_like(block)
+        round_column = _column_rounder(grid, order[i1:i2])
+        # per-row views made once per block (one op each, not one per column): columns [1, N], their
+        # codes and errors [1, N], H⁻¹ rows [B, 1] and diagonal entries
+        columns, code_rows = block.unsqueeze(1).unbind(0), codes[i1:i2].unsqueeze(1).unbind(0)
+        err_rows, hinv_rows = err_block.unsqueeze(1).unbind(0), hinv_block.unsqueeze(2).unbind(0)
+        diagonal = hinv_block.diagonal().unbind(0)
         for i in range(i2 - i1):
-            column = block[i : i + 1]  # [1, N]
-            q, w_hat = grid.round_onto(column.t(), order[i1 + i : i1 + i + 1])  # [N, 1] each
-            codes[i1 + i] = q[:, 0]
-            err = (column - w_hat.t()) / hinv_block[i, i]  # [1, N]
-            block[i:].sub_(hinv_block[i, i:, None] * err)  # rank-1 update of this block's later columns
-            err_block[i] = err[0]
+            column = columns[i]  # [1, N]
+            q, w_hat = round_column(column, i)  # [1, N] each
+            code_rows[i].copy_(q)
+            err = torch.div(column - w_hat, diagonal[i], out=err_rows[i])  # [1, N]
+            block[i:].sub_(hinv_rows[i][i:] * err)  # rank-1 update of this block's later columns
         wt[i2:].sub_(hinv[i1:i2, i2:].t() @ err_block)  # lazy batch update of the later columns
     unpermuted = torch.empty_like(codes)
     unpermuted[order] = codes

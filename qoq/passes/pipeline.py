@@ -1,7 +1,10 @@
 """Block-by-block quantization: capture a block's calibration inputs, run the recipe's passes on it,
 swap in quantized linears, measure the block's output error, propagate to the next block, export.
 
-Peak memory is one float block plus the calibration activations (and the packed blocks so far).
+Peak memory is one float block plus the calibration activations (and the packed blocks so far). On a
+GPU (`device`) the skeleton, each block and the calibration activations live there while the passes
+run; the exported tensors come back to the CPU for the writer. Results match the CPU's within float
+rounding (different kernels sum in different orders), not bit for bit.
 """
 
 from __future__ import annotations
@@ -107,19 +110,26 @@ def _files_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _on_cpu(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {name: t.cpu() for name, t in tensors.items()}
+
+
 def _quantize_blocks(reader: CheckpointReader, cfg: ModelConfig, recipe: Recipe, passes: list, h: torch.Tensor,
-                     writer: ArtifactWriter, lm, show_progress: bool) -> tuple[list[dict], list[float]]:
+                     writer: ArtifactWriter, lm, show_progress: bool, block_done=None
+                     ) -> tuple[list[dict], list[float]]:
     """Load, transform, quantize and export each block in turn (its tensors go to writer), feeding the
-    next block what the quantized one computes from h [n, T, H]. Blocks are kept in lm unless it is None.
+    next block what the quantized one computes from h [n, T, H]. Each block runs on h's device; blocks
+    are kept in lm (on the CPU) unless it is None.
     Returns the passes' records per block and each block's output relative error."""
-    positions = torch.arange(h.shape[1])
+    device = h.device
+    positions = torch.arange(h.shape[1], device=device)
     records, errors = [], []
     bar = StepProgress(f"quantize {recipe.name}", cfg.num_layers * (len(passes) + 1),
                        ("layer", "step", "error", "seconds", "RSS GiB"), show_progress)
     with bar.running():
         for i in range(cfg.num_layers):
             t_block = time.perf_counter()
-            block = load_block(reader, cfg, i, dtype=torch.float32, device="cpu")
+            block = load_block(reader, cfg, i, dtype=torch.float32, device=device)
             ctx = BlockContext(i, cfg, recipe, h, positions)
             record, reference = {}, None
             for p in passes:
@@ -131,23 +141,32 @@ def _quantize_blocks(reader: CheckpointReader, cfg: ModelConfig, recipe: Recipe,
             if reference is None:
                 reference = _run_block(block, h, positions)
             records.append(record)
-            writer.add(block_tensors(block, ctx.quantized, f"model.layers.{i}"))
+            writer.add(_on_cpu(block_tensors(block, ctx.quantized, f"model.layers.{i}")))
             swap_quantized(block, ctx.quantized, recipe.format)
             round_to_storage(block)
             quantized = _run_block(block, h, positions)  # what the quantized model computes
             errors.append(_relative_error(quantized, reference))
             h = reference if recipe.calibration.propagate == "float" else quantized
             if lm is not None:
-                lm.model.layers[i] = block
+                lm.model.layers[i] = block.to("cpu")
             bar.row(i, "block out", f"{errors[-1]:.2e}", time.perf_counter() - t_block, rss_gib())
             del block, reference
+            if block_done is not None:
+                block_done(i, time.perf_counter() - t_block)
     return records, errors
 
 
 def quantize_model(model: str, recipe: Recipe, output: Path, *, data_dir: Path | None = None,
-                   overwrite: bool = False, keep_model: bool = False, show_progress: bool = True
-                   ) -> QuantizeResult:
+                   overwrite: bool = False, keep_model: bool = False, show_progress: bool = True,
+                   device: str | torch.device = "cpu", block_done=None) -> QuantizeResult:
+    """Quantize `model` with `recipe` into the artifact `output`, the passes running on `device` ('cpu',
+    'cuda', 'cuda:N'). keep_model: also return the in-memory fake-quant model (on the CPU).
+    block_done(index, seconds), if given, is called after each block; an exception it raises stops the
+    run like any other (nothing is written)."""
     t0 = time.perf_counter()
+    device = preflight.check_device(device)  # first: a missing GPU fails before anything is read
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     output = Path(output)
     for note in sweep_stale(output.parent):  # first: it may put back an artifact a killed run set aside
         stderr.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
@@ -159,26 +178,30 @@ def quantize_model(model: str, recipe: Recipe, output: Path, *, data_dir: Path |
     check_compatible(cfg, recipe)
     spec = load_spec(recipe.calibration.data)
     source(spec, data_dir)  # a named local source that is missing fails now, naming the path
-    preflight.run_all(model, path, reader, cfg, recipe, output, overwrite)
+    preflight.run_all(model, path, reader, cfg, recipe, output, overwrite, device)
     c = recipe.calibration
     tokens = calibration_tokens(spec, load_tokenizer(path), data_dir=data_dir, samples=c.samples,
                                 seq_len=c.seq_len, seed=c.seed, sampling=c.sampling)  # [n, T]
 
     passes = [PASSES.get(name)(recipe.pass_options[name]) for name in recipe.passes]
-    lm = load_skeleton(reader, cfg, dtype=torch.float32)  # blocks still on the meta device
+    lm = load_skeleton(reader, cfg, dtype=torch.float32, device=device)  # blocks still on the meta device
     model_ctx = ModelContext(cfg, recipe, recipe.calibration.seed)
     model_records = {p.name: p.prepare_model(lm, model_ctx) for p in passes}
     round_to_storage(lm)
     with torch.inference_mode():
-        h = torch.cat([lm.embed(tokens[i : i + CHUNK]) for i in range(0, len(tokens), CHUNK)])
+        tokens_on = tokens.to(device)
+        h = torch.cat([lm.embed(tokens_on[i : i + CHUNK]) for i in range(0, len(tokens), CHUNK)])
 
     # shards stream to a temp dir beside the output as blocks finish (memory holds one shard);
     # it is renamed into place by finish() and removed if anything fails before
     with ArtifactWriter(output, SHARD_BYTES, overwrite, protect=[path]) as writer:
-        writer.add(model_tensors(lm, cfg))
-        if not keep_model:
+        writer.add(_on_cpu(model_tensors(lm, cfg)))
+        if keep_model:  # the skeleton waits on the CPU (its blocks are still meta) for the finished blocks
+            for part in (lm.model.embed_tokens, lm.model.norm, lm.lm_head):
+                part.to("cpu")
+        else:
             lm = None  # embeddings and lm_head are exported: free their float copies before the blocks
-        records, errors = _quantize_blocks(reader, cfg, recipe, passes, h, writer, lm, show_progress)
+        records, errors = _quantize_blocks(reader, cfg, recipe, passes, h, writer, lm, show_progress, block_done)
 
         summary = {
             "model": model, "recipe": recipe.name, "layers": cfg.num_layers,
@@ -197,5 +220,8 @@ def quantize_model(model: str, recipe: Recipe, output: Path, *, data_dir: Path |
         hf_config = artifact_config(cfg.hf, recipe)  # passes may have changed cfg.hf (rotation unties)
         copy = [path / n for n in TOKENIZER_FILES if (path / n).exists()]
         writer.finish(hf_config, manifest, copy_files=copy)
-    summary.update(output=str(output), seconds=time.perf_counter() - t0, peak_rss_gib=peak_rss_gib())
+    summary.update(output=str(output), device=str(device), seconds=time.perf_counter() - t0,
+                   peak_rss_gib=peak_rss_gib())
+    if device.type == "cuda":
+        summary["peak_gpu_mem_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
     return QuantizeResult(output, summary, lm if keep_model else None)

@@ -122,8 +122,8 @@ class Rotation(Pass):
     def _rotate_heads(self, attn: nn.Module) -> None:
         """v_h ← v_h·H_D for each KV head (rows of W_v, and b_v); o_proj's input columns ← ·H_D for every
         query head, which under GQA undoes its KV head's rotation because all heads share H_D."""
-        d, h = attn.head_dim, self.head  # h [D, D]
         v, o = _linear(attn, "v_proj"), _linear(attn, "o_proj")
+        d, h = attn.head_dim, self.head.to(v.weight.device)  # h [D, D], built on the CPU
         w_v = v.weight.double().view(-1, d, v.in_features)  # [H_kv, D, H]
         _set(v.weight, torch.einsum("de,kdi->kei", h, w_v).reshape(v.weight.shape))  # H_Dᵀ·W_v,h
         if v.bias is not None:

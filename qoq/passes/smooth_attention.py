@@ -29,17 +29,17 @@ class SmoothAttentionOptions:
 
 
 def key_abs_max(block: torch.nn.Module, inputs: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
-    """max over calibration tokens of |RoPE(k_proj(input_layernorm(h)))|: [H_kv, D] fp32."""
+    """max over calibration tokens of |RoPE(k_proj(input_layernorm(h)))|: [H_kv, D] fp32, on the inputs' device."""
     attn = block.self_attn
     cos, sin = attn.rotary.cos_sin(position_ids)
-    k_max = torch.zeros(attn.num_kv_heads, attn.head_dim)
+    k_max = torch.zeros(attn.num_kv_heads, attn.head_dim, device=inputs.device)
     with torch.inference_mode():
         for i in range(0, len(inputs), CHUNK):
             h = inputs[i : i + CHUNK]  # [B, T, H]
             k = attn.k_proj(block.input_layernorm(h))  # [B, T, H_kv * D]
             k = k.view(*k.shape[:2], attn.num_kv_heads, attn.head_dim).transpose(1, 2)  # [B, H_kv, T, D]
             k = apply_rope(k, cos, sin)
-            k_max = torch.maximum(k_max, k.abs().float().amax(dim=(0, 2)).cpu())
+            k_max = torch.maximum(k_max, k.abs().float().amax(dim=(0, 2)))
     return k_max
 
 

@@ -89,10 +89,11 @@ class SmoothDown(Pass):
         if mlp.up_proj.bias is not None or mlp.down_proj.bias is not None:
             raise ValueError("smooth_down expects bias-free up_proj and down_proj")
         names = ["mlp.down_proj"]
-        x_max = input_abs_max(block, ctx.inputs, ctx.position_ids, names)["mlp.down_proj"].cpu()  # [K], all tokens
+        # on the block's device: the search's 25 W4A8 linears are its cost
+        x_max = input_abs_max(block, ctx.inputs, ctx.position_ids, names)["mlp.down_proj"]  # [K], all tokens
         x = capture_inputs(block, ctx.inputs, ctx.position_ids, names, max_tokens=opts.max_tokens,
-                           seed=ctx.recipe.calibration.seed)["mlp.down_proj"].cpu()  # [M, K] subsample
-        weight = mlp.down_proj.weight.detach().float().cpu()  # [N, K]
+                           seed=ctx.recipe.calibration.seed)["mlp.down_proj"]  # [M, K] subsample
+        weight = mlp.down_proj.weight.detach().float()  # [N, K]
         quantizes = ctx.recipe.quantizes_weights  # W4A8; W16A16 has no error to search on
         alpha, beta = opts.alpha, opts.beta
         if opts.search and quantizes:

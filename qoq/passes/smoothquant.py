@@ -63,7 +63,7 @@ class SmoothQuant(Pass):
         for owner in owners:
             weights = reader_weights(block, owner)
             w_max = torch.stack([w.abs().amax(dim=0) for w in weights]).amax(dim=0)  # [K]
-            x_owner = x_max[owner].cpu()
+            x_owner = x_max[owner]  # [K], on the block's device like w_max
             table = {a: smoothed_mse(xs[owner], weights, smoothing_scales(x_owner, w_max, a, 1 - a), fmt)
                      for a in (opts.grid() if opts.search else [opts.alpha])}
             alpha = min(table, key=table.get)  # the first of equal values

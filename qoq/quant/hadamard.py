@@ -164,15 +164,23 @@ class KroneckerOrthogonal:
     n·Σ|Fᵢ| multiply-adds per row instead of n² (4096 = 64·64: 32× fewer)."""
 
     def __init__(self, factors: list[torch.Tensor], scale: float = 1.0):
-        self.factors, self.scale = factors, scale  # fp64 [f, f] each
+        self.factors, self.scale = factors, scale  # fp64 [f, f] each, built on the CPU
         self.size = math.prod(f.shape[0] for f in factors)
+        self._on_device: dict[torch.device, list[torch.Tensor]] = {torch.device("cpu"): factors}
+
+    def factors_on(self, device: torch.device) -> list[torch.Tensor]:
+        """The factors on `device`, copied there once (the rotation is cached and shared across blocks)."""
+        device = torch.device(device)
+        if device not in self._on_device:
+            self._on_device[device] = [f.to(device) for f in self.factors]
+        return self._on_device[device]
 
     def right(self, x: torch.Tensor) -> torch.Tensor:
         """x·R for x [..., n], in fp64."""
         if x.shape[-1] != self.size:
             raise ValueError(f"rotation of size {self.size} applied to a last dimension of {x.shape[-1]}")
         lead, y, pre = x.shape[:-1], x.double().reshape(-1, self.size), 1
-        for f in self.factors:  # the (i, j) index of A ⊗ B is i·|B| + j: factor i acts on digit i
+        for f in self.factors_on(x.device):  # the (i, j) index of A ⊗ B is i·|B| + j: factor i acts on digit i
             post = self.size // (pre * f.shape[0])
             y = torch.einsum("mpfq,fg->mpgq", y.reshape(-1, pre, f.shape[0], post), f)
             pre *= f.shape[0]
@@ -191,7 +199,7 @@ class KroneckerOrthogonal:
 
     def dense(self) -> torch.Tensor:
         """R [n, n] fp64."""
-        return self.right(torch.eye(self.size, dtype=torch.float64))
+        return self.right(torch.eye(self.size, dtype=torch.float64))  # on the CPU
 
 
 def _sylvester_factors(n: int) -> list[torch.Tensor]:
