@@ -11,7 +11,7 @@ Rows (docs/design.md §6, `qoq eval --quantize`):
   W4A8KV4   R's artifact as served          W4 only   R's artifact, activations and KV float
   W4A8      R's artifact, KV float          A8 only   the twin, per-token INT8 activations only
   KV4 only  the twin, UINT4 KV only         W16       the twin with no quantizer (the transforms alone)
-FP16 is the `fp16` recipe's artifact. Each row records its command and the commit measured.
+FP16 is the `fp16` recipe's artifact, which is also the twin of a recipe without transforms (RTN). Each row records its command and the commit measured.
 Writes OUT (JSON) and OUT with .md (a table).
 """
 
@@ -24,7 +24,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.qoq_runs import commit, qoq, qoq_command, shipped_recipe, write_recipe_toml
+from bench.qoq_runs import (
+    REPO,
+    commit,
+    qoq,
+    qoq_command,
+    shipped_recipe,
+    write_recipe_toml,
+)
 from qoq.passes import PASSES
 from qoq.recipe import RECIPE_DIR
 
@@ -106,23 +113,32 @@ def main() -> None:
                          "command": qoq_command(*cmd), "commit": commit()})
         return done[key]
 
-    fp16 = evaluated("FP16", None, quantized("fp16", RECIPE_DIR / "fp16.toml"), None)
+    fp16_art = quantized("fp16", RECIPE_DIR / "fp16.toml")
+    fp16 = evaluated("FP16", None, fp16_art, None)
     rows = [fp16]
     for recipe in recipes:
         own = quantized(recipe, RECIPE_DIR / f"{recipe}.toml")
-        twin = quantized(f"{recipe}-twin", write_recipe_toml(twin_recipe(recipe), work / f"{recipe}-twin.toml"))
+        twin_raw = twin_recipe(recipe)
+        # a twin without passes (RTN's) holds the fp16 artifact's weights: that artifact serves, and its
+        # "W16" row would be the FP16 row again
+        twin = (quantized(f"{recipe}-twin", write_recipe_toml(twin_raw, work / f"{recipe}-twin.toml"))
+                if twin_raw["passes"] else fp16_art)
         for label, which, quantize in ROWS:
+            if which == "twin" and quantize == "none" and not twin_raw["passes"]:
+                continue
             rows.append(evaluated(label, recipe, own if which == "recipe" else twin, quantize))
 
     for r in rows:
         r["delta_vs_fp16"] = r["ppl"] - fp16["ppl"]
+        r["command"] = r["command"].replace(f"{REPO}/", "")
     command = (f"QOQ_DATA_DIR=../shared/data python bench/error_breakdown.py --model {args.model} "
                f"--recipes {','.join(recipes)} --windows {args.windows} --out {args.out}")
     quantize_runs = {k.removeprefix("quantize "): v for k, v in done.items() if k.startswith("quantize ")}
     strip = ("key", "model", "windows")
     result = {"model": args.model, "windows": args.windows, "recipes": recipes, "command": command,
               "fp16_ppl": fp16["ppl"], "twins": {r: twin_recipe(r) for r in recipes},
-              "quantize_runs": {k: {f: v for f, v in q.items() if f not in strip} for k, q in quantize_runs.items()},
+              "quantize_runs": {k: {f: v.replace(f"{REPO}/", "") if f == "command" else v for f, v in q.items()
+                                    if f not in strip} for k, q in quantize_runs.items()},
               "rows": [{f: v for f, v in r.items() if f not in strip} for r in rows]}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
@@ -138,11 +154,12 @@ def markdown(result: dict) -> str:
           f"`{result['command']}`", "", head, "|---|---|" + "---|" * len(result["recipes"]),
           "| FP16 | `fp16` recipe | " + " | ".join(f"{fp16:.3f}" for _ in result["recipes"]) + " |"]
     for label, which, quantize in ROWS:
-        cells = [by[(r, label)] for r in result["recipes"]]
+        cells = [by.get((r, label)) for r in result["recipes"]]
         what = f"{'R' if which == 'recipe' else 'R float twin'}, --quantize {quantize}"
-        md.append(f"| {label} | {what} | " + " | ".join(f"{c['ppl']:.3f} ({c['delta_vs_fp16']:+.3f})" for c in cells)
-                  + " |")
-    twins = "; ".join(f"{r}: {', '.join(t['passes']) or 'no passes'}" for r, t in result["twins"].items())
+        md.append(f"| {label} | {what} | " + " | ".join(
+            f"{c['ppl']:.3f} ({c['delta_vs_fp16']:+.3f})" if c else "= FP16 (no transforms)" for c in cells) + " |")
+    twins = "; ".join(f"{r}: {', '.join(t['passes']) or 'no passes, the fp16 artifact'}"
+                      for r, t in result["twins"].items())
     commits = sorted({r["commit"] for r in result["rows"]})
     md += ["", f"Float twins' passes ({twins}). Commit(s): {', '.join(commits)}."]
     return "\n".join(md)
