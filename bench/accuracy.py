@@ -1,7 +1,7 @@
 """QoQ ablation on SmolLM2-135M: WikiText-2 perplexity as passes are added one at a time (group 64),
 next to FP16, RTN (g64 and per-channel) and full QoQ per-channel — every row on the same windows.
 
-    python bench/ablation.py --windows 20
+    python bench/accuracy.py --windows 20
 
 Writes bench/results/ablation.{json,md,png}. Each row quantizes with a recipe derived from the shipped
 one (same format and calibration, a prefix of its passes) and evaluates the artifact with the
@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
+import tomllib
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.qoq_runs import qoq, write_recipe
 from qoq.recipe import RECIPE_DIR
 
 # (row label, base recipe, passes or None for the recipe's own)
@@ -32,24 +35,6 @@ ROWS = [
     ("+ GPTQ = QoQ g64", "w4a8kv4g64", None),
     ("QoQ per-channel", "w4a8kv4", None),
 ]
-
-
-def write_recipe(base: str, passes: list[str] | None, path: Path) -> Path:
-    raw = tomllib.loads((RECIPE_DIR / f"{base}.toml").read_text())
-    if passes is None:
-        return RECIPE_DIR / f"{base}.toml"
-    lines = [f"description = {json.dumps(raw['description'] + ' (ablation prefix)')}",
-             f"passes = {json.dumps(passes)}"]
-    for table in ("format", "calibration"):
-        lines += ["", f"[{table}]"] + [f"{k} = {json.dumps(v)}" for k, v in raw[table].items()]
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-def qoq(*args: str) -> dict:
-    cmd = [sys.executable, "-m", "qoq.cli", *args, "--json"]
-    print("$ qoq", " ".join(args), file=sys.stderr, flush=True)
-    return json.loads(subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout)
 
 
 def plot(rows: list[dict], path: Path) -> None:

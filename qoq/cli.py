@@ -75,7 +75,9 @@ def quantize(
 
 
 def _render_eval(r: dict) -> None:
-    what = f"{r['model']} ({'artifact, recipe ' + str(r['recipe']) + ', ' if r['artifact'] else ''}{r['backend']})"
+    quantizers = f", quantizers: {','.join(r['quantize']) or 'none'}" if "quantize" in r else ""
+    what = (f"{r['model']} ({'artifact, recipe ' + str(r['recipe']) + ', ' if r['artifact'] else ''}{r['backend']}"
+            f"{quantizers})")
     if r.get("task") == "wikitext2" and "ppl" in r:
         out.print(f"wikitext2 perplexity {r['ppl']:.4f}  {what}, {r['windows']}/{r['total_windows']} windows of "
                   f"{r['seq_len']} tokens, {r['seconds']:.1f} s", highlight=False)
@@ -97,6 +99,12 @@ def evaluate(
         help="artifact backend: reference (the executor's integer-exact torch model, CPU) or cuda (the serving "
              "engine's CUDA runner: fused W4A8 kernels, KV4 pages, chunked prefill; what is served)"),
     seq_len: int = typer.Option(2048, metavar="N", help="wikitext2: window length in tokens (the protocol's 2048)"),
+    quantize: str | None = typer.Option(
+        None, metavar="LIST",
+        help="artifact on --backend reference: run only these quantizers, a comma-separated subset of "
+             "weights,activations,kv, or none (default: the artifact's own). Weights cannot be switched: "
+             "give them for a W4 artifact, omit them for a W16 one; activations (per-token INT8) switch on "
+             "QoQ W4A8 / W16A16 artifacts, kv (UINT4, post-RoPE K and V) on any (docs/design.md §6)"),
     data_dir: Optional[Path] = typer.Option(None, metavar="DIR", help="local copies of datasets (default: $QOQ_DATA_DIR)"),
     limit: Optional[int] = typer.Option(None, metavar="N", help="lm-eval: examples per task"),
     include_path: Optional[Path] = typer.Option(None, metavar="DIR", help="lm-eval: a folder of extra task YAMLs"),
@@ -107,7 +115,8 @@ def evaluate(
     from qoq.eval.runner import evaluate_task
 
     result = evaluate_task(task, model, windows=windows, backend=backend, data_dir=resolve_data_dir(data_dir),
-                           seq_len=seq_len, limit=limit, include_path=include_path, show_progress=not as_json)
+                           seq_len=seq_len, limit=limit, include_path=include_path, show_progress=not as_json,
+                           quantize=quantize)
     _emit(result, as_json, _render_eval)
 
 
@@ -143,6 +152,8 @@ def _render_recipe(d: dict) -> None:
     out.print(f"[bold]{d['name']}[/bold]  {d['description']}", highlight=False)
     rows = [("source", d["source"]), ("passes", ", ".join(d["passes"]) or "(none)"),
             ("format", "  ".join(f"{k}={v}" for k, v in d["format"].items())),
+            *([("transform_format", "  ".join(f"{k}={v}" for k, v in d["transform_format"].items()))]
+              if d.get("transform_format") else []),
             ("calibration", "  ".join(f"{k}={v}" for k, v in d["calibration"].items()))]
     rows += [(f"options.{p}", "  ".join(f"{k}={v}" for k, v in o.items())) for p, o in d["pass_options"].items() if o]
     for label, value in rows:

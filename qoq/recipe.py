@@ -19,7 +19,7 @@ RECIPE_DIR = Path(__file__).resolve().parents[1] / "recipes"
 
 
 def parse_recipe(raw: dict, name: str, where: str) -> Recipe:
-    known = {"description", "passes", "format", "calibration", "pass_options"}
+    known = {"description", "passes", "format", "calibration", "pass_options", "transform_format"}
     for key in raw:
         if key not in known:
             raise RecipeError(f"{where}: unknown key '{key}' (known: {', '.join(sorted(known))})")
@@ -43,13 +43,31 @@ def parse_recipe(raw: dict, name: str, where: str) -> Recipe:
     problem = format_problem(fmt)
     if problem:
         raise RecipeError(f"{where}: {problem}")
+    transform_fmt = None
+    if "transform_format" in raw:
+        transform_fmt = parse_section(Format, raw["transform_format"], "transform_format", where)
+        problem = format_problem(transform_fmt)
+        if problem:
+            raise RecipeError(f"{where}: [transform_format]: {problem}")
+        if transform_fmt.kind != "w4a8":  # the others' transforms need run-time parts (input orders, online
+            # rotations) a W16 artifact does not carry
+            raise RecipeError(f"{where}: [transform_format] must be a QoQ W4A8 format, got "
+                              f"{transform_fmt.kind.upper()}")
+        if fmt.weight_bits != 16:
+            raise RecipeError(f"{where}: [transform_format] is for W16 recipes (float weights after another "
+                              f"format's transforms); this one has 'format.weight_bits' = {fmt.weight_bits}")
+        inexact = [p for p in passes if not PASSES.get(p).exact]
+        if inexact:
+            raise RecipeError(f"{where}: [transform_format] keeps weights float: passes {inexact} change "
+                              "what a weight quantizer does, and there is none")
     if fmt.weight_bits != 16 and len(quantizers) != 1:
         raise RecipeError(f"{where}: a {fmt.weight_bits}-bit recipe needs exactly one quantizing pass, got {quantizers}")
+    pass_fmt = transform_fmt or fmt  # the format the passes see
     for p in passes:
         needs = PASSES.get(p).formats
-        if needs and fmt.kind not in needs:
+        if needs and pass_fmt.kind not in needs:
             raise RecipeError(f"{where}: pass '{p}' works on {'/'.join(f.upper() for f in needs)} formats, "
-                              f"not {fmt.kind.upper()}")
+                              f"not {pass_fmt.kind.upper()}")
     if fmt.outlier_channels and "outlier_reorder" not in passes:
         raise RecipeError(f"{where}: 'format.outlier_channels' = {fmt.outlier_channels} needs the "
                           "'outlier_reorder' pass (it picks the outlier channels)")
@@ -58,7 +76,7 @@ def parse_recipe(raw: dict, name: str, where: str) -> Recipe:
                           "rotation into down_proj)")
     if fmt.weight_bits == 16 and quantizers:
         raise RecipeError(f"{where}: 'format.weight_bits' = 16 but passes {quantizers} quantize weights")
-    return Recipe(name, str(raw.get("description", "")), tuple(passes), fmt, calib, options, where)
+    return Recipe(name, str(raw.get("description", "")), tuple(passes), fmt, calib, options, where, transform_fmt)
 
 
 def load_recipe(name_or_path: str) -> Recipe:

@@ -6,7 +6,7 @@ reads an artifact's Format without importing the compiler.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 
 class RecipeError(ValueError):
@@ -88,14 +88,25 @@ class Recipe:
     calibration: Calibration = field(default_factory=Calibration)
     pass_options: dict = field(default_factory=dict)  # pass name -> its Options dataclass
     source: str = ""
+    # W16 recipes only: the format the (exact) passes choose their transforms for, while the weights stay
+    # float: the float twin of a W4 recipe (bench/error_breakdown.py's "A8 only" and "KV4 only" rows)
+    transform_format: Format | None = None
 
     @property
     def quantizes_weights(self) -> bool:
         return self.format.weight_bits in (4, 8)
 
+    def for_passes(self) -> Recipe:
+        """The recipe as the passes see it: its transform_format as the format, when it has one."""
+        if self.transform_format is None:
+            return self
+        return replace(self, format=self.transform_format, transform_format=None)
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d["passes"] = list(self.passes)
+        if self.transform_format is None:  # recipes without one keep the manifest they always had
+            del d["transform_format"]
         return d
 
 

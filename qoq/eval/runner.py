@@ -30,8 +30,9 @@ def check_backend(backend: str, on_gpu: bool = True) -> None:
                         "use --backend reference")
 
 
-def load_for_eval(model: str, backend: str = "reference"):
-    """(callable model, tokenizer, description) for an artifact dir or an unquantized model."""
+def load_for_eval(model: str, backend: str = "reference", quantize: frozenset[str] | None = None):
+    """(callable model, tokenizer, description) for an artifact dir or an unquantized model; `quantize`:
+    the artifact's quantizers to run (qoq/executor/overrides.py), None: its own."""
     from qoq.export.artifact import is_artifact
     from qoq.models.loader import load_model, load_tokenizer, resolve_model
 
@@ -39,9 +40,12 @@ def load_for_eval(model: str, backend: str = "reference"):
     if is_artifact(path):  # qoq.json or a config.json marking it: must verify, never read as a plain model
         from qoq.executor import load_artifact_model
 
-        lm, art = load_artifact_model(path, backend=backend)
-        return lm, load_tokenizer(path), {"model": str(path), "artifact": True, "recipe": art.manifest["recipe"]["name"],
-                                          "backend": backend, "source": art.manifest.get("source", {}).get("model")}
+        lm, art = load_artifact_model(path, backend=backend, quantize=quantize)
+        about = {"model": str(path), "artifact": True, "recipe": art.manifest["recipe"]["name"],
+                 "backend": backend, "source": art.manifest.get("source", {}).get("model")}
+        if quantize is not None:  # only then: the plain eval's JSON keeps its keys
+            about["quantize"] = sorted(quantize)
+        return lm, load_tokenizer(path), about
     lm, _ = load_model(model, dtype=torch.float32)
     return lm.eval(), load_tokenizer(resolve_model(model)), {"model": model, "artifact": False,
                                                            "recipe": None, "backend": "float32"}
@@ -75,25 +79,50 @@ def load_engine_for_eval(model: str, max_tokens: int, prefill_chunk: int | None 
                                            "kv_pages": engine.blocks.num_pages}}
 
 
-def _load(model: str, backend: str, max_tokens: int, prefill_chunk: int | None, engine_options: dict):
+def check_quantize_override(model: str, backend: str, quantize: str | None) -> frozenset[str] | None:
+    """The parsed --quantize set, refused in one line (before anything heavy is read) when the backend,
+    the model or the artifact's format cannot run it."""
+    if quantize is None:
+        return None
+    from qoq.executor.build import manifest_format
+    from qoq.executor.overrides import check_quantize, parse_quantize
+    from qoq.export.artifact import is_artifact, load_manifest
+
+    wanted = parse_quantize(quantize)
+    if backend != "reference":
+        raise EvalError(f"--quantize runs on --backend reference only (the {backend} backend serves the "
+                        "artifact's own quantizers)")
+    if not is_artifact(Path(model)):
+        raise EvalError(f"--quantize needs a qoq artifact; {model} is an unquantized model (quantize it with "
+                        "a recipe first)")
+    fmt = manifest_format(load_manifest(model), model)
+    check_quantize(fmt, wanted, str(model))
+    return wanted
+
+
+def _load(model: str, backend: str, max_tokens: int, prefill_chunk: int | None, engine_options: dict,
+          quantize: frozenset[str] | None = None):
     """(callable ids [1, T] -> logits [1, T, V], tokenizer, description)."""
     from qoq.export.artifact import is_artifact
 
     if backend == "cuda" and is_artifact(Path(model)):
         return load_engine_for_eval(model, max_tokens, prefill_chunk, **engine_options)
-    lm, tokenizer, about = load_for_eval(model, backend)
+    lm, tokenizer, about = load_for_eval(model, backend, quantize)
     return _forward(lm), tokenizer, about
 
 
 def evaluate_task(task: str, model: str, *, windows: int | None = None, backend: str = "reference",
                   data_dir: Path | None = None, limit: int | None = None, include_path: Path | None = None,
                   show_progress: bool = True, seq_len: int = 2048, prefill_chunk: int | None = None,
-                  engine_options: dict | None = None) -> dict:
+                  engine_options: dict | None = None, quantize: str | None = None) -> dict:
     """`seq_len`: wikitext2's window length (the protocol's 2048 by default); `prefill_chunk`: the
     engine's prefill chunk with `backend="cuda"` (default 2048: one chunk per protocol window);
-    `engine_options`: CudaRunner options (the CPU tests: device="cpu", ops="reference")."""
+    `engine_options`: CudaRunner options (the CPU tests: device="cpu", ops="reference"); `quantize`:
+    'weights,activations,kv' or a subset, or 'none' (an artifact on the reference backend; default: the
+    artifact's own quantizers)."""
     engine_options = dict(engine_options or {})
     check_backend(backend, on_gpu=engine_options.get("device", "cuda") != "cpu")
+    wanted = check_quantize_override(model, backend, quantize)
     if windows is not None and windows < 1:
         raise EvalError(f"--windows must be >= 1, got {windows}")
     if seq_len < 2:
@@ -106,7 +135,7 @@ def evaluate_task(task: str, model: str, *, windows: int | None = None, backend:
         source(load_spec(TEST_SPEC), data_dir)  # a missing local split fails now, naming the path
         ids = wikitext2_token_ids(load_tokenizer(_tokenizer_dir(model)), data_dir)  # sizes the bar, feeds the eval
         plan = window_plan(ids.numel(), seq_len, windows)  # an impossible --windows fails before loading
-        forward, tokenizer, about = _load(model, backend, seq_len, prefill_chunk, engine_options)
+        forward, tokenizer, about = _load(model, backend, seq_len, prefill_chunk, engine_options, wanted)
         bar = StepProgress("wikitext2", plan["windows"], ("window", "ppl so far"), enabled=show_progress)
         with bar.running():
             result = wikitext2_perplexity(forward, tokenizer, data_dir=data_dir, windows=windows, ids=ids,
@@ -124,7 +153,7 @@ def evaluate_task(task: str, model: str, *, windows: int | None = None, backend:
         from qoq.eval.engine_forward import model_positions
 
         max_length = min(max_length, model_positions(model))
-    forward, tokenizer, about = _load(model, backend, max_length, prefill_chunk, engine_options)
+    forward, tokenizer, about = _load(model, backend, max_length, prefill_chunk, engine_options, wanted)
     tasks = [t.strip() for t in task.split(",") if t.strip()]
     result = run_lm_eval(forward, tokenizer, tasks, limit=limit, include_path=include_path, max_length=max_length)
     return {**about, "task": task, **result}

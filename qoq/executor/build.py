@@ -6,6 +6,7 @@ from pathlib import Path
 
 import torch
 
+from qoq.executor.overrides import OverrideError, apply_quantize, check_quantize
 from qoq.export.artifact import Artifact, ArtifactError, read_artifact
 from qoq.models.config import ModelConfig
 from qoq.models.llama import BLOCK_LINEARS, CausalLM
@@ -36,13 +37,18 @@ def _cuda_linear(tensors: dict, prefix: str, fmt: Format):
 
 def artifact_format(art: Artifact) -> Format:
     """The artifact's Format, refused in one line if this qoq cannot run it."""
+    return manifest_format(art.manifest, art.path)
+
+
+def manifest_format(manifest: dict, path: str | Path) -> Format:
+    """artifact_format from the manifest (qoq.json) alone."""
     try:
-        fmt = Format(**art.manifest["recipe"].get("format", {}))
+        fmt = Format(**manifest["recipe"].get("format", {}))
     except TypeError as e:
-        raise ArtifactError(f"{art.path}: qoq.json recipe.format is not one this qoq knows ({e})") from None
+        raise ArtifactError(f"{path}: qoq.json recipe.format is not one this qoq knows ({e})") from None
     problem = format_problem(fmt)
     if problem:
-        raise ArtifactError(f"{art.path}: format not supported by this qoq: {problem}")
+        raise ArtifactError(f"{path}: format not supported by this qoq: {problem}")
     return fmt
 
 
@@ -51,14 +57,20 @@ def _is_quantized_part(name: str, quantized_prefixes: set[str]) -> bool:
 
 
 def load_artifact_model(path: str | Path, backend: str = "reference", device: str | None = None,
-                        dtype: torch.dtype | None = None) -> tuple[CausalLM, Artifact]:
-    """Build the model an artifact describes. Defaults: CPU fp32 for `reference`, GPU fp16 for `cuda`."""
+                        dtype: torch.dtype | None = None, quantize: frozenset[str] | None = None
+                        ) -> tuple[CausalLM, Artifact]:
+    """Build the model an artifact describes. Defaults: CPU fp32 for `reference`, GPU fp16 for `cuda`.
+    `quantize`: the quantizers to run (overrides.py; `reference` only), None: the artifact's own."""
     make_linear = LINEAR_BACKENDS.get(backend)
+    if quantize is not None and backend != "reference":
+        raise OverrideError(f"--quantize runs on the reference backend only, not '{backend}'")
     device = device or ("cuda" if backend == "cuda" else "cpu")
     dtype = dtype or (torch.float16 if torch.device(device).type == "cuda" else torch.float32)
     art = read_artifact(path, complete=True)
     cfg = ModelConfig.from_hf(art.config)
     fmt = artifact_format(art)
+    if quantize is not None:
+        check_quantize(fmt, quantize, str(art.path))  # before any tensor is built
     with torch.device("meta"):
         lm = CausalLM(cfg)
 
@@ -78,4 +90,6 @@ def load_artifact_model(path: str | Path, backend: str = "reference", device: st
     missing = [n for n, p in lm.named_parameters() if p.device.type == "meta"]
     if missing:
         raise ArtifactError(f"{art.path}: artifact lacks tensor {missing[0]} ({len(missing)} missing)")
+    if quantize is not None:
+        apply_quantize(lm, fmt, quantize, BLOCK_LINEARS)
     return lm.eval(), art

@@ -130,7 +130,7 @@ def _quantize_blocks(reader: CheckpointReader, cfg: ModelConfig, recipe: Recipe,
         for i in range(cfg.num_layers):
             t_block = time.perf_counter()
             block = load_block(reader, cfg, i, dtype=torch.float32, device=device)
-            ctx = BlockContext(i, cfg, recipe, h, positions)
+            ctx = BlockContext(i, cfg, recipe.for_passes(), h, positions)
             record, reference = {}, None
             for p in passes:
                 if not p.exact and reference is None:
@@ -175,7 +175,7 @@ def quantize_model(model: str, recipe: Recipe, output: Path, *, data_dir: Path |
     path = resolve_model(model)
     reader = CheckpointReader(path)
     cfg = ModelConfig.from_hf(reader.config())
-    check_compatible(cfg, recipe)
+    check_compatible(cfg, recipe.for_passes())  # a transform_format's groups must fit the shapes too
     spec = load_spec(recipe.calibration.data)
     source(spec, data_dir)  # a named local source that is missing fails now, naming the path
     preflight.run_all(model, path, reader, cfg, recipe, output, overwrite, device)
@@ -185,7 +185,7 @@ def quantize_model(model: str, recipe: Recipe, output: Path, *, data_dir: Path |
 
     passes = [PASSES.get(name)(recipe.pass_options[name]) for name in recipe.passes]
     lm = load_skeleton(reader, cfg, dtype=torch.float32, device=device)  # blocks still on the meta device
-    model_ctx = ModelContext(cfg, recipe, recipe.calibration.seed)
+    model_ctx = ModelContext(cfg, recipe.for_passes(), recipe.calibration.seed)
     model_records = {p.name: p.prepare_model(lm, model_ctx) for p in passes}
     round_to_storage(lm)
     with torch.inference_mode():
