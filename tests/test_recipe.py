@@ -31,6 +31,32 @@ def test_every_shipped_recipe_loads():
     ('passes = ["rtn"]\n[pass_options.clip]\ngrid = 20\n', "'pass_options.clip' names a pass that is not in"),
     ('passes = ["clip", "rtn"]\n[pass_options.clip]\ngird = 20\n', "unknown key 'pass_options.clip.gird'"),
     ('passes = [\n', "not valid TOML"),
+    # format combinations the executor does not run, and passes on formats they do not serve
+    ('passes = ["rtn"]\n[format]\nact_bits = 4\n',
+     "W4A4 takes 'format.weight_scheme' = \"symmetric\", not \"qoq\""),
+    ('passes = ["rtn"]\n[format]\nweight_bits = 8\nact_bits = 4\n', "'format.act_bits' = 4 with 'format.weight_bits' = 8"),
+    ('passes = ["rtn"]\n[format]\nact_bits = 4\nweight_scheme = "symmetric"\noutlier_channels = 128\n',
+     "needs the 'outlier_reorder' pass"),
+    (('passes = ["outlier_reorder", "rtn"]\n[format]\ngroup_size = -1\nact_bits = 4\nweight_scheme = "symmetric"\n'
+      'outlier_channels = 128\n'), "'format.outlier_channels' needs the grouped symmetric W4A4 format"),
+    ('passes = ["outlier_reorder", "rtn"]\n[format]\nact_bits = 4\nweight_scheme = "symmetric"\noutlier_channels = 100\n',
+     "'format.outlier_channels' = 100 is not a multiple of 32"),
+    ('passes = ["outlier_reorder", "rtn"]\n', "pass 'outlier_reorder' works on W4A4 formats, not W4A8"),
+    ('passes = ["rtn"]\n[format]\nact_clip = 0.9\n', "'format.act_clip' applies to the symmetric"),
+    ('passes = ["rtn"]\n[format]\nact_bits = 4\nweight_scheme = "symmetric"\nact_clip = 1.5\n',
+     "'format.act_clip' = 1.5 is outside"),
+    ('passes = ["rtn"]\n[format]\nweight_scheme = "nf4"\n', "'format.weight_scheme' = 'nf4' is not one of"),
+    ('passes = ["rtn"]\n[format]\nweight_bits = 8\nact_bits = 8\nweight_scheme = "symmetric"\n',
+     "W8A8 is per channel: 'format.group_size' must be -1"),
+    ('passes = ["rtn"]\n[format]\nact_bits = 16\n', "W4A16 takes 'format.weight_scheme' = \"asymmetric\""),
+    ('passes = ["rotation", "rtn"]\n[format]\nonline_hadamard = true\n',
+     "'format.online_hadamard' applies to the symmetric W4A4 / W8A8 formats only"),
+    ('passes = ["rtn"]\n[format]\nact_bits = 4\nweight_scheme = "symmetric"\nonline_hadamard = true\n',
+     "'format.online_hadamard' needs the 'rotation' pass"),
+    ('passes = ["awq", "rtn"]\n', "pass 'awq' works on W4A16 formats, not W4A8"),
+    ('passes = ["smooth_down", "rtn"]\n[format]\nact_bits = 4\nweight_scheme = "symmetric"\n',
+     "pass 'smooth_down' works on W4A8/W16A16 formats, not W4A4"),
+    ('passes = ["smoothquant"]\n[format]\nweight_bits = 16\nact_bits = 16\n', "pass 'smoothquant' works on"),
 ])
 def test_bad_recipe_names_key_and_file(tmp_path, body, needle):
     path = tmp_path / "mine.toml"
