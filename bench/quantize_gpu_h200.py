@@ -148,7 +148,9 @@ def main(argv: list[str] | None = None) -> dict:
     median = statistics.median(block_seconds) if block_seconds else None
     missing = shape["layers"] - len(block_seconds)
     quantize_seconds = measured + (missing * median if stopped else 0.0)
-    command = "PYTHONPATH=. python bench/quantize_gpu_h200.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    given = sys.argv[1:] if argv is None else argv
+    command = "PYTHONPATH=. python bench/quantize_gpu_h200.py " + " ".join(
+        "$OUT" if a == str(args.out) else a for a in given)
     result = {
         "summary": {
             "gpu": gpu_name(device), "device": str(device), "model_shape": shape, "recipe": RECIPE,

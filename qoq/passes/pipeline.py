@@ -166,6 +166,7 @@ def quantize_model(model: str, recipe: Recipe, output: Path, *, data_dir: Path |
     t0 = time.perf_counter()
     device = preflight.check_device(device)  # first: a missing GPU fails before anything is read
     if device.type == "cuda":
+        torch.cuda.init()  # the allocator's statistics exist only once CUDA is initialized
         torch.cuda.reset_peak_memory_stats(device)
     output = Path(output)
     for note in sweep_stale(output.parent):  # first: it may put back an artifact a killed run set aside
