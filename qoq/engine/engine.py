@@ -22,7 +22,7 @@ from qoq.engine.block_manager import BlockManager, pages_for
 from qoq.engine.detokenize import Detokenizer, TokenBytes
 from qoq.engine.model_loading import eos_token_ids, load_tokenizer_or_none
 from qoq.engine.params import SamplingParams
-from qoq.engine.sampler import make_generator, sample
+from qoq.engine.sampler import request_seed, sample
 from qoq.engine.scheduler import Scheduler
 from qoq.engine.sequence import Completion, RequestOutput, Sequence
 
@@ -133,11 +133,10 @@ class LLMEngine:
             if len(seqs) < len(scheduled):
                 logits = logits[[i for i, s in enumerate(scheduled) if s.samples]]
             params = [seq.params for seq in seqs]
-            generators = [seq.generator for seq in seqs]
-            for j, p in enumerate(params):
-                if p.temperature != 0 and generators[j] is None:  # a sampled row's first draw
-                    generators[j] = seqs[j].generator = make_generator(p, logits.device)
-            tokens = sample(logits, params, generators)
+            for seq in seqs:
+                if seq.seed is None and seq.params.temperature != 0:  # a sampled request's first draw
+                    seq.seed = request_seed(seq.params)
+            tokens = sample(logits, params, [seq.seed for seq in seqs], [len(seq.output_ids) for seq in seqs])
             if self.record_logits:
                 for seq, row in zip(seqs, logits.detach().float().cpu()):
                     seq.logits.append(row)

@@ -31,7 +31,7 @@ class Sequence:
         self.num_computed = 0
         self.num_preemptions = 0
         self.finish_reason: str | None = None
-        self.generator = None  # the sampler's per-request torch.Generator, made on first use
+        self.seed: int | None = None  # what the sampler draws with (params.seed, or drawn at the first draw)
         self.detok = None  # the engine's incremental detokenizer for this request
         self.text = ""  # text emitted so far
 
