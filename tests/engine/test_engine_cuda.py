@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from qoq.engine import SamplingParams
-from tests.engine.engine_support import PROMPTS, assert_same_until_near_tie
+from tests.engine.engine_support import PROMPTS, assert_same_until_near_tie, assert_same_until_possible_flip
 from tests.engine.engine_support import rel as _rel
 
 pytestmark = pytest.mark.cuda
@@ -51,7 +51,8 @@ def test_kernels_match_reference_ops_on_gpu(make_engine, cuda_w4, recipe):
     want = make_engine(cuda_w4[recipe], ops="reference", **kw).generate(PROMPTS, params)
     got = make_engine(cuda_w4[recipe], **kw).generate(PROMPTS, params)
     for w, g in zip(want, got):
-        n = assert_same_until_near_tie(w, g, margin=1e-2)
+        # a fixed top-2 margin is not enough here: per-channel RTN's logits move by a few percent
+        n = assert_same_until_possible_flip(w, g)
         worst = max(_rel(a, b) for a, b in list(zip(g.logits, w.logits))[: n + 1])
         # activation codes that round the other way (the kernels reduce and scale in another order than
         # the torch references) move a tiny random model's flat logits by a few percent
