@@ -1,0 +1,234 @@
+"""The accuracy table: WikiText-2 perplexity of every recipe on every model, ours beside llm-compressor's,
+with the error breakdowns — bench/results/accuracy_table.{json,md,png}.
+
+    QOQ_DATA_DIR=../shared/data python bench/accuracy_table.py run --model smollm2-135m \\
+        --recipes fp16,w4a8kv4g64-rtn,w4a8kv4g64,atom-w4a4kv4g64,quarot-w4a4kv4 --windows 8
+    python bench/accuracy_table.py table
+
+`run` quantizes each shipped recipe on the model and evaluates the artifact with the integer-exact
+executor (`qoq quantize`, then `qoq eval wikitext2 --windows N`, each in its own process); each row, with
+its commit, commands, quantize and eval seconds and per-window NLLs, is added to the table's `rows` as it
+finishes (a row already there for the same model, recipe and windows is not run again; --rerun replaces it).
+Artifacts go to --workdir (default out/accuracy_table/MODEL).
+
+`table` (and every `run`) rebuilds `summary` and the .md/.png from `rows` plus the rows other benchmarks
+measured: llm-compressor's (bench/results/llmcompressor_check.json, marked `llmcompressor`) and the error
+breakdowns (bench/results/error_breakdown*.json). Perplexities of different window counts are never
+compared: each summary figure uses the most windows its model's rows share.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.qoq_runs import REPO, commit, qoq, qoq_command
+from qoq.recipe import RECIPE_DIR
+
+RESULTS = REPO / "bench" / "results"
+MODELS = ("smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b")
+# the flagship group size per model: SmolLM2's hidden size (576) takes groups of 64, not 128
+FLAGSHIP = {"smollm2-135m": "w4a8kv4g64", "qwen2.5-coder-0.5b": "w4a8kv4g128", "qwen2.5-coder-1.5b": "w4a8kv4g128"}
+W4A4 = {"smollm2-135m": ("atom-w4a4kv4g64", "quarot-w4a4kv4"),
+        "qwen2.5-coder-0.5b": ("atom-w4a4kv4g128", "quarot-w4a4kv4"),
+        "qwen2.5-coder-1.5b": ("atom-w4a4kv4g128", "quarot-w4a4kv4")}
+GGUF_NOTE = ("GGUF-quantized release: its float weights are dequantized k-quant values, not the original bf16 "
+             "checkpoint")
+TARGETS = {"qoq_g128_1p5b_within_fp16": "<= 1.10 x fp16_1p5b_ppl", "gap_closed_g128_1p5b": ">= 0.70",
+           "qoq_beats_w4a4": "QoQ W4A8KV4 below Atom and QuaRot W4A4KV4 on every model"}
+
+
+def load(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.exists() else {"rows": []}
+
+
+def run(args) -> None:
+    out = args.results / "accuracy_table.json"
+    table = load(out)
+    work = args.workdir or REPO / "out" / "accuracy_table" / args.model
+    work.mkdir(parents=True, exist_ok=True)
+    for recipe in args.recipes:
+        key = (args.model, recipe, args.windows)
+        old = [r for r in table["rows"] if (r["model"], r["recipe"], r["windows"]) == key]
+        if old and not args.rerun:
+            print(f"{args.model} {recipe} @ {args.windows} windows: have {old[0]['ppl']:.3f}", flush=True)
+            continue
+        art = work / recipe
+        quantize = ("quantize", "--model", args.model, "--recipe", recipe, "--output", str(art), "--overwrite")
+        q = qoq(*quantize)
+        evaluate = ("eval", "wikitext2", str(art), "--windows", str(args.windows))
+        ev = qoq(*evaluate)
+        row = {"model": args.model, "recipe": recipe, "tool": "qoq", "windows": args.windows, "ppl": ev["ppl"],
+               "tokens": ev["tokens"], "nll_per_window": ev.get("nll_per_window"),
+               "quantize_seconds": q["seconds"], "eval_seconds": ev["seconds"],
+               "calibration": q.get("calibration"), "commit": commit(),
+               "commands": [qoq_command(*quantize).replace(str(art), "DIR"),
+                            qoq_command(*evaluate).replace(str(art), "DIR")]}
+        table["rows"] = [r for r in table["rows"] if (r["model"], r["recipe"], r["windows"]) != key] + [row]
+        print(f"{args.model} {recipe} @ {args.windows} windows: {row['ppl']:.3f}", flush=True)
+        write(table, args.results)  # after every row: a stopped run keeps what it measured
+
+
+def llmcompressor_check_rows(results: Path) -> list[dict]:
+    """Both tools' rows of bench/reference_llmc's cross-check (its `qoq` rows are ours, on the same
+    calibration tokens), with the check's commit; `fp` there is the float model, `fp16` here."""
+    path = results / "llmcompressor_check.json"
+    rows = []
+    for model, check in (load(path).items() if path.exists() else []):
+        for r in check.get("qoq_rows", []) + check.get("llmcompressor_rows", []):
+            if r.get("ppl") is None:
+                continue
+            ours = r["tool"] == "qoq"
+            rows.append({"model": model, "recipe": "fp16" if r["scheme"] == "fp" else r["scheme"],
+                         "tool": "qoq" if ours else "llmcompressor", "windows": r["windows"], "ppl": r["ppl"],
+                         "quantize_seconds": r.get("quantize_seconds"), "version": r["tool"],
+                         "commit": r.get("commit") or check.get("commit"), "commands": r.get("commands"),
+                         "source": "llmcompressor_check.json"})
+    return rows
+
+
+def breakdown_rows(results: Path) -> list[dict]:
+    rows = []
+    for path in sorted(results.glob("error_breakdown*.json")):
+        d = load(path)
+        rows += [{"model": d["model"], "recipe": r["recipe"], "row": r["row"], "windows": d["windows"], "ppl": r["ppl"],
+                  "delta_vs_fp16": r.get("delta_vs_fp16"), "commit": r.get("commit"), "source": path.name}
+                 for r in d.get("rows", [])]
+    return rows
+
+
+def summarize(rows: list[dict]) -> dict:
+    """Per model, per recipe: the row with the most windows; the flagship figures on the 1.5B; the W4A4
+    comparison on every model that has all three rows at one window count."""
+    models, reasons = {}, {}
+    for model in MODELS:
+        mine = [r for r in rows if r["model"] == model]
+        if not mine:
+            continue
+        best = {}
+        for r in mine:
+            k = f"{r['recipe']} ({r['tool']})" if r["tool"] != "qoq" else r["recipe"]
+            if k not in best or r["windows"] > best[k]["windows"]:
+                best[k] = r
+        models[model] = {k: {"ppl": r["ppl"], "windows": r["windows"], "quantize_seconds": r.get("quantize_seconds"),
+                             "tool": r["tool"]} for k, r in sorted(best.items())}
+
+    def ppl(model: str, recipe: str, windows: int | None = None) -> float | None:
+        r = models.get(model, {}).get(recipe)
+        return r["ppl"] if r and (windows is None or r["windows"] == windows) else None
+
+    s = {"models": models}
+    big = "qwen2.5-coder-1.5b"
+    fp, q, rtn = (models.get(big, {}).get(k) for k in ("fp16", "w4a8kv4g128", "w4a8kv4g128-rtn"))
+    same = fp and q and rtn and fp["windows"] == q["windows"] == rtn["windows"]
+    s["fp16_1p5b_ppl"] = fp["ppl"] if fp else None
+    s["qoq_g128_1p5b_ppl"] = q["ppl"] if q else None
+    s["rtn_g128_1p5b_ppl"] = rtn["ppl"] if rtn else None
+    s["windows_1p5b"] = fp["windows"] if same else None
+    s["gap_closed_g128_1p5b"] = (rtn["ppl"] - q["ppl"]) / (rtn["ppl"] - fp["ppl"]) if same else None
+    if not same:
+        reasons["gap_closed_g128_1p5b"] = "the 1.5B's fp16, RTN g128 and QoQ g128 rows are not all measured " \
+                                          "on the same windows"
+    beats = {}
+    for model in models:
+        flag, (atom, quarot) = FLAGSHIP[model], W4A4[model]
+        r = models[model].get(flag)
+        others = [models[model].get(x) for x in (atom, quarot)]
+        if r and all(o and o["windows"] == r["windows"] for o in others):
+            beats[model] = all(r["ppl"] < o["ppl"] for o in others)
+        else:
+            reasons[f"qoq_beats_w4a4.{model}"] = f"{flag}, {atom} and {quarot} not all measured on the same windows"
+    s["qoq_beats_w4a4"] = beats
+    s["targets"] = TARGETS
+    s["null_reasons"] = reasons
+    return s
+
+
+def markdown(result: dict) -> str:
+    lines = ["# Accuracy table — WikiText-2 perplexity (GPTQ protocol, windows of 2048 tokens)", "",
+             "`python bench/accuracy_table.py run --model M --recipes ... --windows N`; every row's commit and "
+             "commands are in accuracy_table.json. The Qwen2.5-Coder models are " + GGUF_NOTE + ".", ""]
+    for model, recipes in result["summary"]["models"].items():
+        lines += [f"## {model}", "", "| recipe | tool | windows | ppl | quantize s |", "|---|---|---|---|---|"]
+        for name, r in recipes.items():
+            qs = f"{r['quantize_seconds']:.0f}" if r.get("quantize_seconds") else ""
+            lines.append(f"| {name.split(' (')[0]} | {r['tool']} | {r['windows']} | {r['ppl']:.3f} | {qs} |")
+        eb = [r for r in result["error_breakdown"] if r["model"] == model]
+        if eb:
+            lines += ["", "Error breakdown (bench/error_breakdown.py):", "", "| recipe | row | windows | ppl |",
+                      "|---|---|---|---|"]
+            lines += [f"| {r['recipe'] or 'fp16'} | {r['row']} | {r['windows']} | {r['ppl']:.3f} |" for r in eb]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = result["summary"]["models"]
+    if not models:
+        return
+    fig, axes = plt.subplots(1, len(models), figsize=(5 * len(models), 4), squeeze=False)
+    for ax, (model, recipes) in zip(axes[0], models.items()):
+        names = list(recipes)
+        vals = [recipes[n]["ppl"] for n in names]
+        ax.barh(range(len(names)), vals, color=["#888" if "llmcompressor" in n else "#2a6" for n in names])
+        ax.set_yticks(range(len(names)), names, fontsize=7)
+        ax.set_xscale("log")
+        ax.set_title(model, fontsize=9)
+        ax.set_xlabel("WikiText-2 perplexity (log)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write(table: dict, results: Path) -> None:
+    own = {(r["model"], r["recipe"], r["windows"]) for r in table["rows"]}
+    check = [r for r in llmcompressor_check_rows(results)
+             if r["tool"] != "qoq" or (r["model"], r["recipe"], r["windows"]) not in own]
+    result = {"summary": summarize(table["rows"] + check), "rows": table["rows"], "llmcompressor_check_rows": check,
+              "error_breakdown": breakdown_rows(results), "notes": {m: GGUF_NOTE for m in MODELS if m.startswith("qwen")}}
+    results.mkdir(parents=True, exist_ok=True)
+    (results / "accuracy_table.json").write_text(json.dumps(result, indent=1) + "\n")
+    (results / "accuracy_table.md").write_text(markdown(result))
+    try:
+        plot(result, results / "accuracy_table.png")
+    except ImportError:
+        print("note: matplotlib is not installed, so no accuracy_table.png", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="verb", required=True)
+    r = sub.add_parser("run", help="quantize and evaluate recipes on a model; add the rows")
+    r.add_argument("--model", required=True)
+    r.add_argument("--recipes", required=True, help="comma-separated shipped recipe names")
+    r.add_argument("--windows", type=int, required=True)
+    r.add_argument("--workdir", type=Path, default=None)
+    r.add_argument("--rerun", action="store_true", help="measure rows already in the table again")
+    for p in (r, sub.add_parser("table", help="rebuild summary, .md and .png from the rows")):
+        p.add_argument("--results", type=Path, default=RESULTS, help="folder of accuracy_table.json")
+    args = ap.parse_args(argv)
+    if args.verb == "run":
+        args.recipes = [x.strip() for x in args.recipes.split(",") if x.strip()]
+        for name in args.recipes:
+            if not (RECIPE_DIR / f"{name}.toml").is_file():
+                ap.error(f"unknown recipe '{name}' (a shipped recipe name)")
+        if args.windows < 1 or not math.isfinite(args.windows):
+            ap.error("--windows must be >= 1")
+        run(args)
+    else:
+        write(load(args.results / "accuracy_table.json"), args.results)
+    print(json.dumps(load(args.results / "accuracy_table.json")["summary"], indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,55 @@
+"""bench/accuracy_table.py: the summary's figures from rows (no quantization runs here; no plot check:
+matplotlib is not a test dependency)."""
+
+import json
+
+import pytest
+
+from bench.accuracy_table import load, summarize, write
+
+
+def row(model, recipe, ppl, windows=8, tool="qoq"):
+    return {"model": model, "recipe": recipe, "tool": tool, "windows": windows, "ppl": ppl, "quantize_seconds": 1.0}
+
+
+def test_gap_closed_and_w4a4_comparison():
+    big = "qwen2.5-coder-1.5b"
+    rows = [row(big, "fp16", 10.0, 40), row(big, "w4a8kv4g128-rtn", 14.0, 40), row(big, "w4a8kv4g128", 11.0, 40),
+            row(big, "atom-w4a4kv4g128", 12.0, 40), row(big, "quarot-w4a4kv4", 10.5, 40),
+            row("smollm2-135m", "w4a8kv4g64", 24.0), row("smollm2-135m", "atom-w4a4kv4g64", 30.0),
+            row("smollm2-135m", "quarot-w4a4kv4", 31.0)]
+    s = summarize(rows)
+    assert s["gap_closed_g128_1p5b"] == pytest.approx(0.75) and s["windows_1p5b"] == 40
+    assert (s["fp16_1p5b_ppl"], s["qoq_g128_1p5b_ppl"], s["rtn_g128_1p5b_ppl"]) == (10.0, 11.0, 14.0)
+    assert s["qoq_beats_w4a4"] == {big: False, "smollm2-135m": True}  # QuaRot's 10.5 beats QoQ's 11 there
+
+
+def test_figures_on_different_windows_are_not_compared():
+    big = "qwen2.5-coder-1.5b"
+    rows = [row(big, "fp16", 10.0, 40), row(big, "w4a8kv4g128-rtn", 14.0, 8), row(big, "w4a8kv4g128", 11.0, 40),
+            row(big, "fp16", 10.4, 8)]
+    s = summarize(rows)
+    assert s["models"][big]["fp16"] == {"ppl": 10.0, "windows": 40, "quantize_seconds": 1.0, "tool": "qoq"}
+    assert s["gap_closed_g128_1p5b"] is None and "gap_closed_g128_1p5b" in s["null_reasons"]
+    assert s["qoq_beats_w4a4"] == {} and f"qoq_beats_w4a4.{big}" in s["null_reasons"]
+
+
+def test_write_merges_llmcompressor_and_breakdown_rows(tmp_path):
+    check = {"smollm2-135m": {"commit": "abc", "qoq_rows": [
+        {"tool": "qoq", "scheme": "fp", "ppl": 19.1, "windows": 8},
+        {"tool": "qoq", "scheme": "gptq-w4a16g64", "ppl": 23.8, "windows": 8}],
+        "llmcompressor_rows": [{"tool": "llmcompressor 0.14", "scheme": "gptq-w4a16g64", "ppl": 24.0, "windows": 8},
+                               {"tool": "llmcompressor 0.14", "scheme": "awq-w4a16g64", "ppl": None, "windows": 8}]}}
+    (tmp_path / "llmcompressor_check.json").write_text(json.dumps(check))
+    (tmp_path / "error_breakdown_x.json").write_text(json.dumps(
+        {"model": "smollm2-135m", "windows": 8, "rows": [{"row": "KV4 only", "recipe": "r", "ppl": 21.4}]}))
+    table = {"rows": [row("smollm2-135m", "gptq-w4a16g64", 23.5)]}  # ours, measured here: wins over the check's
+    write(table, tmp_path)
+    out = load(tmp_path / "accuracy_table.json")
+    models = out["summary"]["models"]["smollm2-135m"]
+    assert models["gptq-w4a16g64"]["ppl"] == 23.5 and models["fp16"]["ppl"] == 19.1
+    assert models["gptq-w4a16g64 (llmcompressor)"] == {"ppl": 24.0, "windows": 8, "quantize_seconds": None,
+                                                       "tool": "llmcompressor"}
+    assert out["error_breakdown"][0]["row"] == "KV4 only"
+    md = (tmp_path / "accuracy_table.md").read_text()
+    assert "| gptq-w4a16g64 | llmcompressor | 8 | 24.000 |" in md
