@@ -12,8 +12,9 @@ finishes (a row already there for the same model, recipe and windows is not run 
 Artifacts go to --workdir (default out/accuracy_table/MODEL).
 
 `table` (and every `run`) rebuilds `summary` and the .md/.png from `rows` plus the rows other benchmarks
-measured: llm-compressor's (bench/results/llmcompressor_check.json, marked `llmcompressor`) and the error
-breakdowns (bench/results/error_breakdown*.json). Perplexities of different window counts are never
+measured (`other_rows`): both tools' rows of bench/results/llmcompressor_check.json (theirs marked
+`llmcompressor`), the full-recipe rows of bench/results/reference_dc.json (ours, and deepcompressor's
+marked `deepcompressor`), and the error breakdowns (bench/results/error_breakdown*.json). Perplexities of different window counts are never
 compared: each summary figure uses the most windows its model's rows share.
 """
 
@@ -89,6 +90,27 @@ def llmcompressor_check_rows(results: Path) -> list[dict]:
                          "quantize_seconds": r.get("quantize_seconds"), "version": r["tool"],
                          "commit": r.get("commit") or check.get("commit"), "commands": r.get("commands"),
                          "source": "llmcompressor_check.json"})
+    return rows
+
+
+def reference_dc_rows(results: Path) -> list[dict]:
+    """The full-recipe rows of the deepcompressor comparison (bench/reference_dc): ours (RTN and QoQ g64, with
+    their commit and command) and deepcompressor's QoQ g64 on the same calibration tokens."""
+    path = results / "reference_dc.json"
+    if not path.exists():
+        return []
+    d = load(path)
+    model = d["summary"]["model"]
+    rows = []
+    for r in d.get("qoq_rows", []) + d.get("deepcompressor_rows", []):
+        ours = r["tool"] == "qoq"
+        recipe = {"rtn": "w4a8kv4g64-rtn", "qoq": "w4a8kv4g64"}.get(r["stage"])
+        if recipe is None or r.get("ppl") is None or (ours and not r.get("command")):
+            continue
+        rows.append({"model": model, "recipe": recipe, "tool": "qoq" if ours else "deepcompressor",
+                     "windows": r["windows"], "ppl": r["ppl"], "quantize_seconds": r.get("quantize_seconds"),
+                     "version": r["tool"], "commit": r.get("commit") or d["summary"].get("commit"),
+                     "commands": [r["command"]] if r.get("command") else None, "source": "reference_dc.json"})
     return rows
 
 
@@ -192,9 +214,9 @@ def plot(result: dict, path: Path) -> None:
 
 def write(table: dict, results: Path) -> None:
     own = {(r["model"], r["recipe"], r["windows"]) for r in table["rows"]}
-    check = [r for r in llmcompressor_check_rows(results)
+    check = [r for r in llmcompressor_check_rows(results) + reference_dc_rows(results)
              if r["tool"] != "qoq" or (r["model"], r["recipe"], r["windows"]) not in own]
-    result = {"summary": summarize(table["rows"] + check), "rows": table["rows"], "llmcompressor_check_rows": check,
+    result = {"summary": summarize(table["rows"] + check), "rows": table["rows"], "other_rows": check,
               "error_breakdown": breakdown_rows(results), "notes": {m: GGUF_NOTE for m in MODELS if m.startswith("qwen")}}
     results.mkdir(parents=True, exist_ok=True)
     (results / "accuracy_table.json").write_text(json.dumps(result, indent=1) + "\n")
