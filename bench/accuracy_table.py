@@ -14,7 +14,8 @@ Artifacts go to --workdir (default out/accuracy_table/MODEL).
 `table` (and every `run`) rebuilds `summary` and the .md/.png from `rows` plus the rows other benchmarks
 measured (`other_rows`): both tools' rows of bench/results/llmcompressor_check.json (theirs marked
 `llmcompressor`), the full-recipe rows of bench/results/reference_dc.json (ours, and deepcompressor's
-marked `deepcompressor`), and the error breakdowns (bench/results/error_breakdown*.json). Perplexities of different window counts are never
+marked `deepcompressor`), and the error breakdowns (bench/results/error_breakdown*.json; their FP16 and
+W4A8KV4 rows are also whole-recipe rows). Perplexities of different window counts are never
 compared: each summary figure uses the most windows its model's rows share.
 """
 
@@ -114,12 +115,27 @@ def reference_dc_rows(results: Path) -> list[dict]:
     return rows
 
 
+def breakdown_recipe_rows(results: Path) -> list[dict]:
+    """The error breakdowns' whole-recipe rows (FP16, and each recipe's W4A8KV4 row: its artifact as
+    served), as table rows of tool qoq."""
+    rows = []
+    for r in breakdown_rows(results):
+        recipe = "fp16" if r["row"] == "FP16" else r["recipe"] if r["row"] == "W4A8KV4" else None
+        if recipe is not None:
+            rows.append({"model": r["model"], "recipe": recipe, "tool": "qoq", "windows": r["windows"], "ppl": r["ppl"],
+                         "quantize_seconds": r.get("quantize_seconds"), "commit": r.get("commit"),
+                         "commands": [r["command"]] if r.get("command") else None, "source": r["source"]})
+    return rows
+
+
 def breakdown_rows(results: Path) -> list[dict]:
     rows = []
     for path in sorted(results.glob("error_breakdown*.json")):
         d = load(path)
+        seconds = {k: q.get("seconds") for k, q in d.get("quantize_runs", {}).items()}
         rows += [{"model": d["model"], "recipe": r["recipe"], "row": r["row"], "windows": d["windows"], "ppl": r["ppl"],
-                  "delta_vs_fp16": r.get("delta_vs_fp16"), "commit": r.get("commit"), "source": path.name}
+                  "delta_vs_fp16": r.get("delta_vs_fp16"), "quantize_seconds": seconds.get(r["recipe"] or "fp16"),
+                  "commit": r.get("commit"), "command": r.get("command"), "source": path.name}
                  for r in d.get("rows", [])]
     return rows
 
@@ -174,7 +190,8 @@ def summarize(rows: list[dict]) -> dict:
 def markdown(result: dict) -> str:
     lines = ["# Accuracy table — WikiText-2 perplexity (GPTQ protocol, windows of 2048 tokens)", "",
              "`python bench/accuracy_table.py run --model M --recipes ... --windows N`; every row's commit and "
-             "commands are in accuracy_table.json. The Qwen2.5-Coder models are " + GGUF_NOTE + ".", ""]
+             "commands are in accuracy_table.json. The Qwen2.5-Coder models are GGUF-quantized releases: their "
+             "float weights are dequantized k-quant values, not the original bf16 checkpoints.", ""]
     for model, recipes in result["summary"]["models"].items():
         lines += [f"## {model}", "", "| recipe | tool | windows | ppl | quantize s |", "|---|---|---|---|---|"]
         for name, r in recipes.items():
@@ -214,7 +231,7 @@ def plot(result: dict, path: Path) -> None:
 
 def write(table: dict, results: Path) -> None:
     own = {(r["model"], r["recipe"], r["windows"]) for r in table["rows"]}
-    check = [r for r in llmcompressor_check_rows(results) + reference_dc_rows(results)
+    check = [r for r in llmcompressor_check_rows(results) + reference_dc_rows(results) + breakdown_recipe_rows(results)
              if r["tool"] != "qoq" or (r["model"], r["recipe"], r["windows"]) not in own]
     result = {"summary": summarize(table["rows"] + check), "rows": table["rows"], "other_rows": check,
               "error_breakdown": breakdown_rows(results), "notes": {m: GGUF_NOTE for m in MODELS if m.startswith("qwen")}}
