@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -115,11 +114,11 @@ def reference_dc_rows(results: Path) -> list[dict]:
     return rows
 
 
-def breakdown_recipe_rows(results: Path) -> list[dict]:
+def breakdown_recipe_rows(breakdown: list[dict]) -> list[dict]:
     """The error breakdowns' whole-recipe rows (FP16, and each recipe's W4A8KV4 row: its artifact as
     served), as table rows of tool qoq."""
     rows = []
-    for r in breakdown_rows(results):
+    for r in breakdown:
         recipe = "fp16" if r["row"] == "FP16" else r["recipe"] if r["row"] == "W4A8KV4" else None
         if recipe is not None:
             rows.append({"model": r["model"], "recipe": recipe, "tool": "qoq", "windows": r["windows"], "ppl": r["ppl"],
@@ -155,10 +154,6 @@ def summarize(rows: list[dict]) -> dict:
                 best[k] = r
         models[model] = {k: {"ppl": r["ppl"], "windows": r["windows"], "quantize_seconds": r.get("quantize_seconds"),
                              "tool": r["tool"]} for k, r in sorted(best.items())}
-
-    def ppl(model: str, recipe: str, windows: int | None = None) -> float | None:
-        r = models.get(model, {}).get(recipe)
-        return r["ppl"] if r and (windows is None or r["windows"] == windows) else None
 
     s = {"models": models}
     big = "qwen2.5-coder-1.5b"
@@ -231,10 +226,11 @@ def plot(result: dict, path: Path) -> None:
 
 def write(table: dict, results: Path) -> None:
     own = {(r["model"], r["recipe"], r["windows"]) for r in table["rows"]}
-    check = [r for r in llmcompressor_check_rows(results) + reference_dc_rows(results) + breakdown_recipe_rows(results)
+    breakdown = breakdown_rows(results)
+    check = [r for r in llmcompressor_check_rows(results) + reference_dc_rows(results) + breakdown_recipe_rows(breakdown)
              if r["tool"] != "qoq" or (r["model"], r["recipe"], r["windows"]) not in own]
     result = {"summary": summarize(table["rows"] + check), "rows": table["rows"], "other_rows": check,
-              "error_breakdown": breakdown_rows(results), "notes": {m: GGUF_NOTE for m in MODELS if m.startswith("qwen")}}
+              "error_breakdown": breakdown, "notes": {m: GGUF_NOTE for m in MODELS if m.startswith("qwen")}}
     results.mkdir(parents=True, exist_ok=True)
     (results / "accuracy_table.json").write_text(json.dumps(result, indent=1) + "\n")
     (results / "accuracy_table.md").write_text(markdown(result))
@@ -261,7 +257,7 @@ def main(argv: list[str] | None = None) -> None:
         for name in args.recipes:
             if not (RECIPE_DIR / f"{name}.toml").is_file():
                 ap.error(f"unknown recipe '{name}' (a shipped recipe name)")
-        if args.windows < 1 or not math.isfinite(args.windows):
+        if args.windows < 1:
             ap.error("--windows must be >= 1")
         run(args)
     else:

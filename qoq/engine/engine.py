@@ -134,7 +134,7 @@ class LLMEngine:
                 logits = logits[[i for i, s in enumerate(scheduled) if s.samples]]
             params = [seq.params for seq in seqs]
             for seq in seqs:
-                if seq.seed is None and seq.params.temperature != 0:  # a sampled request's first draw
+                if seq.seed is None and not seq.params.greedy:  # a sampled request's first draw
                     seq.seed = request_seed(seq.params)
             tokens = sample(logits, params, [seq.seed for seq in seqs], [len(seq.output_ids) for seq in seqs])
             if self.record_logits:

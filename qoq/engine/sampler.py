@@ -72,16 +72,16 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], seeds: list[int |
     uniforms for (seeds[i], counters[i]). One copy of the ids to the host."""
     logits = logits.float()
     tokens = logits.argmax(-1)
-    rows = [i for i, p in enumerate(params) if p.temperature != 0]
+    rows = [i for i, p in enumerate(params) if not p.greedy]
     if not rows:
         return tokens.tolist()
     dev = logits.device
     picked = [params[i] for i in rows]
-    ints = torch.tensor([[seeds[i] for i in rows], [counters[i] for i in rows], [p.top_k for p in picked]],
+    ints = torch.tensor([[seeds[i] for i in rows], [counters[i] for i in rows], [p.top_k for p in picked], rows],
                         dtype=torch.int64).to(dev, non_blocking=True)
     floats = torch.tensor([[p.temperature for p in picked], [p.top_p for p in picked]],
                           dtype=torch.float32).to(dev, non_blocking=True)
-    index = torch.tensor(rows).to(dev, non_blocking=True) if len(rows) < len(params) else None
+    index = ints[3] if len(rows) < len(params) else None
     x = (logits if index is None else logits[index]) / floats[0][:, None]
     if any(p.top_k or p.top_p < 1.0 for p in picked):
         x = filter_logits(x, ints[2], floats[1])
