@@ -4,6 +4,10 @@ with the error breakdowns — bench/results/accuracy_table.{json,md,png}.
     QOQ_DATA_DIR=../shared/data python bench/accuracy_table.py run --model smollm2-135m \\
         --recipes fp16,w4a8kv4g64-rtn,w4a8kv4g64,atom-w4a4kv4g64,quarot-w4a4kv4 --windows 8
     python bench/accuracy_table.py table
+    python bench/accuracy_table.py merge OTHER/accuracy_table.json
+
+`--device cuda` quantizes on a GPU and evaluates with the reference executor there (the same fp32
+arithmetic); a run on another machine writes its own table (--results DIR) and `merge` adds its rows here.
 
 `run` quantizes each shipped recipe on the model and evaluates the artifact with the integer-exact
 executor (`qoq quantize`, then `qoq eval wikitext2 --windows N`, each in its own process); each row, with
@@ -60,19 +64,32 @@ def run(args) -> None:
             print(f"{args.model} {recipe} @ {args.windows} windows: have {old[0]['ppl']:.3f}", flush=True)
             continue
         art = work / recipe
-        quantize = ("quantize", "--model", args.model, "--recipe", recipe, "--output", str(art), "--overwrite")
+        quantize = ("quantize", "--model", args.model, "--recipe", recipe, "--output", str(art), "--overwrite",
+                    "--device", args.device)
         q = qoq(*quantize)
-        evaluate = ("eval", "wikitext2", str(art), "--windows", str(args.windows))
+        evaluate = ("eval", "wikitext2", str(art), "--windows", str(args.windows), "--device", args.device)
         ev = qoq(*evaluate)
         row = {"model": args.model, "recipe": recipe, "tool": "qoq", "windows": args.windows, "ppl": ev["ppl"],
                "tokens": ev["tokens"], "nll_per_window": ev.get("nll_per_window"),
-               "quantize_seconds": q["seconds"], "eval_seconds": ev["seconds"],
+               "quantize_seconds": q["seconds"], "eval_seconds": ev["seconds"], "device": args.device,
                "calibration": q.get("calibration"), "commit": commit(),
                "commands": [qoq_command(*quantize).replace(str(art), "DIR"),
                             qoq_command(*evaluate).replace(str(art), "DIR")]}
         table["rows"] = [r for r in table["rows"] if (r["model"], r["recipe"], r["windows"]) != key] + [row]
         print(f"{args.model} {recipe} @ {args.windows} windows: {row['ppl']:.3f}", flush=True)
         write(table, args.results)  # after every row: a stopped run keeps what it measured
+
+
+def merge(args) -> None:
+    """Add the rows of other accuracy_table.json files (a run on another machine, with --results there);
+    a row there replaces ours of the same model, recipe and windows."""
+    table = load(args.results / "accuracy_table.json")
+    for path in args.files:
+        new = load(path)["rows"]
+        keys = {(r["model"], r["recipe"], r["windows"]) for r in new}
+        table["rows"] = [r for r in table["rows"] if (r["model"], r["recipe"], r["windows"]) not in keys] + new
+        print(f"{path}: {len(new)} rows", flush=True)
+    write(table, args.results)
 
 
 def llmcompressor_check_rows(results: Path) -> list[dict]:
@@ -249,7 +266,10 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--windows", type=int, required=True)
     r.add_argument("--workdir", type=Path, default=None)
     r.add_argument("--rerun", action="store_true", help="measure rows already in the table again")
-    for p in (r, sub.add_parser("table", help="rebuild summary, .md and .png from the rows")):
+    r.add_argument("--device", default="cpu", help="where quantization and the reference executor run (cpu, cuda)")
+    m = sub.add_parser("merge", help="add the rows of accuracy_table.json files written elsewhere")
+    m.add_argument("files", type=Path, nargs="+")
+    for p in (r, m, sub.add_parser("table", help="rebuild summary, .md and .png from the rows")):
         p.add_argument("--results", type=Path, default=RESULTS, help="folder of accuracy_table.json")
     args = ap.parse_args(argv)
     if args.verb == "run":
@@ -260,6 +280,8 @@ def main(argv: list[str] | None = None) -> None:
         if args.windows < 1:
             ap.error("--windows must be >= 1")
         run(args)
+    elif args.verb == "merge":
+        merge(args)
     else:
         write(load(args.results / "accuracy_table.json"), args.results)
     print(json.dumps(load(args.results / "accuracy_table.json")["summary"], indent=1))

@@ -75,6 +75,7 @@ def main() -> None:
     ap.add_argument("--windows", type=int, required=True)
     ap.add_argument("--out", type=Path, default=Path("bench/results/error_breakdown.json"))
     ap.add_argument("--workdir", type=Path, default=None, help="artifacts and progress (default out/error_breakdown/MODEL)")
+    ap.add_argument("--device", default="cpu", help="where quantization and the reference executor run (cpu, cuda)")
     args = ap.parse_args()
     recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
     for r in recipes:
@@ -96,7 +97,8 @@ def main() -> None:
         art = work / name
         key = f"quantize {name}"
         if key not in done or not (art / "qoq.json").exists():
-            cmd = ("quantize", "--model", args.model, "--recipe", str(recipe_path), "--output", str(art), "--overwrite")
+            cmd = ("quantize", "--model", args.model, "--recipe", str(recipe_path), "--output", str(art), "--overwrite",
+                   "--device", args.device)
             q = qoq(*cmd)
             record(key, {"command": qoq_command(*cmd), "commit": commit(), "seconds": q["seconds"],
                          "block_rel_err_mean": q["block_rel_err_mean"], "calibration": q["calibration"]})
@@ -105,7 +107,7 @@ def main() -> None:
     def evaluated(label: str, recipe: str | None, art: Path, quantize: str | None) -> dict:
         key = f"eval {recipe} {label}"
         if key not in done:
-            cmd = ("eval", "wikitext2", str(art), "--windows", str(args.windows))
+            cmd = ("eval", "wikitext2", str(art), "--windows", str(args.windows), "--device", args.device)
             cmd += ("--quantize", quantize) if quantize else ()
             ev = qoq(*cmd)
             record(key, {"row": label, "recipe": recipe, "artifact_recipe": ev["recipe"], "quantize": quantize,
@@ -132,7 +134,7 @@ def main() -> None:
         r["delta_vs_fp16"] = r["ppl"] - fp16["ppl"]
         r["command"] = r["command"].replace(f"{REPO}/", "")
     command = (f"QOQ_DATA_DIR=../shared/data python bench/error_breakdown.py --model {args.model} "
-               f"--recipes {','.join(recipes)} --windows {args.windows} --out {args.out}")
+               f"--recipes {','.join(recipes)} --windows {args.windows} --device {args.device} --out {args.out}")
     quantize_runs = {k.removeprefix("quantize "): v for k, v in done.items() if k.startswith("quantize ")}
     strip = ("key", "model", "windows")
     result = {"model": args.model, "windows": args.windows, "recipes": recipes, "command": command,

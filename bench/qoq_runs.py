@@ -5,6 +5,7 @@ commit a number was measured at."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -60,9 +61,12 @@ def qoq(*args: str) -> dict:
 
 
 def commit() -> str:
-    """HEAD's hash, '+dirty' when tracked files differ from it (the measured code is then not HEAD's)."""
+    """HEAD's hash, '+dirty' when tracked files differ from it (the measured code is then not HEAD's); in a
+    copy of the tree without its git history (the GPU machine's), $QOQ_COMMIT as the caller gives it."""
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=REPO, check=True, stdout=subprocess.PIPE, text=True).stdout
 
+    if not (REPO / ".git").exists() and os.environ.get("QOQ_COMMIT"):
+        return os.environ["QOQ_COMMIT"] + " (copy)"
     head = git("rev-parse", "HEAD").strip()
     return head + ("+dirty" if git("status", "--porcelain", "--untracked-files=no").strip() else "")

@@ -96,8 +96,12 @@ def evaluate(
     windows: Optional[int] = typer.Option(None, metavar="N", help="wikitext2: evaluate the first N windows only"),
     backend: str = typer.Option(
         "reference", metavar="NAME",
-        help="artifact backend: reference (the executor's integer-exact torch model, CPU) or cuda (the serving "
+        help="artifact backend: reference (the executor's integer-exact torch model) or cuda (the serving "
              "engine's CUDA runner: fused W4A8 kernels, KV4 pages, chunked prefill; what is served)"),
+    device: Optional[str] = typer.Option(
+        None, metavar="DEVICE",
+        help="where --backend reference or an unquantized model runs: cpu (default), cuda or cuda:N (the same "
+             "fp32 torch arithmetic; W4A4 and other formats without kernels evaluate fast on a GPU this way)"),
     seq_len: int = typer.Option(2048, metavar="N", help="wikitext2: window length in tokens (the protocol's 2048)"),
     quantize: str | None = typer.Option(
         None, metavar="LIST",
@@ -116,7 +120,7 @@ def evaluate(
 
     result = evaluate_task(task, model, windows=windows, backend=backend, data_dir=resolve_data_dir(data_dir),
                            seq_len=seq_len, limit=limit, include_path=include_path, show_progress=not as_json,
-                           quantize=quantize)
+                           quantize=quantize, device=device)
     _emit(result, as_json, _render_eval)
 
 

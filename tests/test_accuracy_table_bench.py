@@ -53,3 +53,17 @@ def test_write_merges_llmcompressor_and_breakdown_rows(tmp_path):
     assert out["error_breakdown"][0]["row"] == "KV4 only"
     md = (tmp_path / "accuracy_table.md").read_text()
     assert "| gptq-w4a16g64 | llmcompressor | 8 | 24.000 |" in md
+
+
+def test_merge_adds_rows_measured_elsewhere(tmp_path):
+    from bench.accuracy_table import main
+
+    here, there = tmp_path / "here", tmp_path / "there"
+    big = "qwen2.5-coder-1.5b"
+    write({"rows": [row(big, "fp16", 10.0, 40), row(big, "w4a8kv4g128", 12.0, 40)]}, here)
+    write({"rows": [row(big, "w4a8kv4g128", 11.0, 40), row(big, "w4a8kv4g128-rtn", 14.0, 40)]}, there)
+    main(["merge", str(there / "accuracy_table.json"), "--results", str(here)])
+    merged = load(here / "accuracy_table.json")
+    assert sorted((r["recipe"], r["ppl"]) for r in merged["rows"]) == [
+        ("fp16", 10.0), ("w4a8kv4g128", 11.0), ("w4a8kv4g128-rtn", 14.0)]  # the newer run's row replaced ours
+    assert merged["summary"]["gap_closed_g128_1p5b"] == pytest.approx(0.75)

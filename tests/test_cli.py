@@ -147,3 +147,24 @@ def test_device_not_a_device(tmp_path, tiny_dir):
     assert_one_line_error(qoq("quantize", "--model", tiny_dir, "--output", out, "--device", "gpu0"),
                           "device 'gpu0'", "cpu, cuda, cuda:N")
     assert not out.exists()
+
+
+def test_eval_device_cpu_is_the_default_and_bad_devices_fail_first(artifact, shared_data):
+    common = ("eval", "wikitext2", artifact, "--windows", "1", "--seq-len", "128", "--data-dir", shared_data,
+              "--json")
+    default, on_cpu = (json.loads(qoq(*common, *extra).stdout) for extra in ((), ("--device", "cpu")))
+    assert on_cpu["device"] == default["device"] == "cpu" and on_cpu["ppl"] == default["ppl"]
+    assert_one_line_error(qoq(*common, "--device", "gpu0"), "device 'gpu0'", "cpu, cuda, cuda:N")
+    assert_one_line_error(qoq(*common, "--backend", "cuda", "--device", "cpu"),
+                          "--device applies to --backend reference")
+
+
+@pytest.mark.cuda
+def test_eval_reference_backend_on_a_gpu_matches_the_cpu(artifact, tiny_dir, shared_data):
+    """The reference backend's integer-exact linears and the float model on a GPU: the CPU's perplexity up
+    to fp32 rounding of the float parts."""
+    for target in (artifact, tiny_dir):
+        common = ("eval", "wikitext2", target, "--windows", "1", "--seq-len", "256", "--data-dir", shared_data,
+                  "--json")
+        cpu, gpu = (json.loads(qoq(*common, "--device", d).stdout) for d in ("cpu", "cuda"))
+        assert gpu["device"] == "cuda:0" and abs(gpu["ppl"] / cpu["ppl"] - 1) < 2e-3, (cpu["ppl"], gpu["ppl"])

@@ -30,9 +30,28 @@ def check_backend(backend: str, on_gpu: bool = True) -> None:
                         "use --backend reference")
 
 
-def load_for_eval(model: str, backend: str = "reference", quantize: frozenset[str] | None = None):
+def check_eval_device(device: str | None, backend: str, model: str) -> str:
+    """The device the reference backend or an unquantized model runs on (default cpu), checked before
+    anything is read; the cuda backend runs the engine on the current GPU and takes none."""
+    from qoq.export.artifact import is_artifact
+    from qoq.preflight import check_device
+
+    if device is None:
+        return "cpu"
+    if backend == "cuda" and is_artifact(Path(model)):
+        raise EvalError("--device applies to --backend reference and unquantized models; --backend cuda runs "
+                        "the engine on the current GPU (choose it with CUDA_VISIBLE_DEVICES)")
+    try:
+        return str(check_device(device))
+    except (ValueError, RuntimeError) as e:
+        raise EvalError(str(e)) from e
+
+
+def load_for_eval(model: str, backend: str = "reference", quantize: frozenset[str] | None = None,
+                  device: str = "cpu"):
     """(callable model, tokenizer, description) for an artifact dir or an unquantized model; `quantize`:
-    the artifact's quantizers to run (qoq/executor/overrides.py), None: its own."""
+    the artifact's quantizers to run (qoq/executor/overrides.py), None: its own; `device`: where the
+    fp32 model runs (the reference backend's arithmetic is the same torch ops on a GPU)."""
     from qoq.export.artifact import is_artifact
     from qoq.models.loader import load_model, load_tokenizer, resolve_model
 
@@ -40,15 +59,15 @@ def load_for_eval(model: str, backend: str = "reference", quantize: frozenset[st
     if is_artifact(path):  # qoq.json or a config.json marking it: must verify, never read as a plain model
         from qoq.executor import load_artifact_model
 
-        lm, art = load_artifact_model(path, backend=backend, quantize=quantize)
+        lm, art = load_artifact_model(path, backend=backend, quantize=quantize, device=device, dtype=torch.float32)
         about = {"model": str(path), "artifact": True, "recipe": art.manifest["recipe"]["name"],
-                 "backend": backend, "source": art.manifest.get("source", {}).get("model")}
+                 "backend": backend, "device": device, "source": art.manifest.get("source", {}).get("model")}
         if quantize is not None:  # only then: the plain eval's JSON keeps its keys
             about["quantize"] = sorted(quantize)
         return lm, load_tokenizer(path), about
     lm, _ = load_model(model, dtype=torch.float32)
-    return lm.eval(), load_tokenizer(resolve_model(model)), {"model": model, "artifact": False,
-                                                           "recipe": None, "backend": "float32"}
+    return lm.to(device).eval(), load_tokenizer(resolve_model(model)), {
+        "model": model, "artifact": False, "recipe": None, "backend": "float32", "device": device}
 
 
 def _tokenizer_dir(model: str) -> Path:
@@ -101,26 +120,29 @@ def check_quantize_override(model: str, backend: str, quantize: str | None) -> f
 
 
 def _load(model: str, backend: str, max_tokens: int, prefill_chunk: int | None, engine_options: dict,
-          quantize: frozenset[str] | None = None):
+          quantize: frozenset[str] | None = None, device: str = "cpu"):
     """(callable ids [1, T] -> logits [1, T, V], tokenizer, description)."""
     from qoq.export.artifact import is_artifact
 
     if backend == "cuda" and is_artifact(Path(model)):
         return load_engine_for_eval(model, max_tokens, prefill_chunk, **engine_options)
-    lm, tokenizer, about = load_for_eval(model, backend, quantize)
+    lm, tokenizer, about = load_for_eval(model, backend, quantize, device)
     return _forward(lm), tokenizer, about
 
 
 def evaluate_task(task: str, model: str, *, windows: int | None = None, backend: str = "reference",
                   data_dir: Path | None = None, limit: int | None = None, include_path: Path | None = None,
                   show_progress: bool = True, seq_len: int = 2048, prefill_chunk: int | None = None,
-                  engine_options: dict | None = None, quantize: str | None = None) -> dict:
+                  engine_options: dict | None = None, quantize: str | None = None, device: str | None = None
+                  ) -> dict:
     """`seq_len`: wikitext2's window length (the protocol's 2048 by default); `prefill_chunk`: the
     engine's prefill chunk with `backend="cuda"` (default 2048: one chunk per protocol window);
     `engine_options`: CudaRunner options (the CPU tests: device="cpu", ops="reference"); `quantize`:
     'weights,activations,kv' or a subset, or 'none' (an artifact on the reference backend; default: the
-    artifact's own quantizers)."""
+    artifact's own quantizers); `device`: where the reference backend or an unquantized model runs
+    (cpu, cuda, cuda:N; default cpu)."""
     engine_options = dict(engine_options or {})
+    device = check_eval_device(device, backend, model)
     check_backend(backend, on_gpu=engine_options.get("device", "cuda") != "cpu")
     wanted = check_quantize_override(model, backend, quantize)
     if windows is not None and windows < 1:
@@ -135,7 +157,7 @@ def evaluate_task(task: str, model: str, *, windows: int | None = None, backend:
         source(load_spec(TEST_SPEC), data_dir)  # a missing local split fails now, naming the path
         ids = wikitext2_token_ids(load_tokenizer(_tokenizer_dir(model)), data_dir)  # sizes the bar, feeds the eval
         plan = window_plan(ids.numel(), seq_len, windows)  # an impossible --windows fails before loading
-        forward, tokenizer, about = _load(model, backend, seq_len, prefill_chunk, engine_options, wanted)
+        forward, tokenizer, about = _load(model, backend, seq_len, prefill_chunk, engine_options, wanted, device)
         bar = StepProgress("wikitext2", plan["windows"], ("window", "ppl so far"), enabled=show_progress)
         with bar.running():
             result = wikitext2_perplexity(forward, tokenizer, data_dir=data_dir, windows=windows, ids=ids,
@@ -153,7 +175,7 @@ def evaluate_task(task: str, model: str, *, windows: int | None = None, backend:
         from qoq.eval.engine_forward import model_positions
 
         max_length = min(max_length, model_positions(model))
-    forward, tokenizer, about = _load(model, backend, max_length, prefill_chunk, engine_options, wanted)
+    forward, tokenizer, about = _load(model, backend, max_length, prefill_chunk, engine_options, wanted, device)
     tasks = [t.strip() for t in task.split(",") if t.strip()]
     result = run_lm_eval(forward, tokenizer, tasks, limit=limit, include_path=include_path, max_length=max_length)
     return {**about, "task": task, **result}
