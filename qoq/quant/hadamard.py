@@ -1,7 +1,8 @@
 """Orthogonal rotations for the rotation pass: normalized Hadamard matrices of order k·2^m.
 
-An order-k ±1 core comes from a Paley construction over GF(q) (q a prime power): Paley I gives
-order q+1 for q ≡ 3 mod 4, Paley II gives order 2(q+1) for q ≡ 1 mod 4. The core is Kronecker-
+An order-k ±1 core comes from a short table (TABLE_CORES: the reference implementation's matrix where
+it differs) or a Paley construction over GF(q) (q a prime power): Paley I gives order q+1 for
+q ≡ 3 mod 4, Paley II gives order 2(q+1) for q ≡ 1 mod 4. The core is Kronecker-
 multiplied with a Sylvester matrix of order 2^m. Orders with no such construction (92, 116, 172, ...)
 fall back to a seeded random orthogonal matrix, with a warning.
 """
@@ -118,13 +119,66 @@ def paley2(q: int) -> torch.Tensor:
     return torch.kron(c, sign_block) + torch.kron((c == 0).double(), zero_block)
 
 
-CORES = {"paley1": lambda k: paley1(k - 1), "paley2": lambda k: paley2(k // 2 - 1)}
+# Cores taken from a table instead of a Paley construction of the same order. 36: the matrix QuaRot and
+# deepcompressor (the QoQ reference) use, from N. J. A. Sloane's library of Hadamard matrices; Paley II(17)
+# is another order-36 Hadamard matrix, and with it SmolLM2's QoQ lands above the reference
+# (docs/performance.md, "Rotation matrix of order 576").
+TABLE_CORES = {
+    36: (
+        "++++++++++++++++++-+++++++++++++++++",
+        "++++-+---++---+-+++-++-+---++---+-++",
+        "+++++-+---++---+-+++-++-+---++---+-+",
+        "++++++-+---++---+-+++-++-+---++---+-",
+        "+-+++++-+---++---++-++-++-+---++---+",
+        "++-+++++-+---++---++-++-++-+---++---",
+        "+-+-+++++-+---++--+-+-++-++-+---++--",
+        "+--+-+++++-+---++-+--+-++-++-+---++-",
+        "+---+-+++++-+---+++---+-++-++-+---++",
+        "++---+-+++++-+---+++---+-++-++-+---+",
+        "+++---+-+++++-+---+++---+-++-++-+---",
+        "+-++---+-+++++-+--+-++---+-++-++-+--",
+        "+--++---+-+++++-+-+--++---+-++-++-+-",
+        "+---++---+-+++++-++---++---+-++-++-+",
+        "++---++---+-+++++-++---++---+-++-++-",
+        "+-+---++---+-++++++-+---++---+-++-++",
+        "++-+---++---+-++++++-+---++---+-++-+",
+        "+++-+---++---+-++++++-+---++---+-++-",
+        "-+++++++++++++++++------------------",
+        "+-++-+---++---+-++----+-+++--+++-+--",
+        "++-++-+---++---+-+-----+-+++--+++-+-",
+        "+++-++-+---++---+-------+-+++--+++-+",
+        "+-++-++-+---++---+-+-----+-+++--+++-",
+        "++-++-++-+---++-----+-----+-+++--+++",
+        "+-+-++-++-+---++---+-+-----+-+++--++",
+        "+--+-++-++-+---++--++-+-----+-+++--+",
+        "+---+-++-++-+---++-+++-+-----+-+++--",
+        "++---+-++-++-+---+--+++-+-----+-+++-",
+        "+++---+-++-++-+------+++-+-----+-+++",
+        "+-++---+-++-++-+---+--+++-+-----+-++",
+        "+--++---+-++-++-+--++--+++-+-----+-+",
+        "+---++---+-++-++-+-+++--+++-+-----+-",
+        "++---++---+-++-++---+++--+++-+-----+",
+        "+-+---++---+-++-++-+-+++--+++-+-----",
+        "++-+---++---+-++-+--+-+++--+++-+----",
+        "+++-+---++---+-++----+-+++--+++-+---",
+    ),
+}
+
+
+def table_core(k: int) -> torch.Tensor:
+    """The ±1 core of order k in TABLE_CORES, fp64 [k, k]."""
+    return torch.tensor([[1.0 if c == "+" else -1.0 for c in row] for row in TABLE_CORES[k]], dtype=torch.float64)
+
+
+CORES = {"table": table_core, "paley1": lambda k: paley1(k - 1), "paley2": lambda k: paley2(k // 2 - 1)}
 
 
 def _core_construction(k: int) -> str | None:
-    """Which Paley construction gives a Hadamard matrix of order k (k > 4), if any."""
+    """Which table entry or Paley construction gives a Hadamard matrix of order k (k > 4), if any."""
     if k % 4 or k <= 4:
         return None
+    if k in TABLE_CORES:
+        return "table"
     if (k - 1) % 4 == 3 and prime_power(k - 1):
         return "paley1"
     if (k // 2 - 1) % 4 == 1 and prime_power(k // 2 - 1):

@@ -48,7 +48,7 @@ def test_paley_refuses_wrong_residues():
 
 
 @pytest.mark.parametrize("n, kind", [
-    (576, "hadamard-paley2(36)xsylvester(16)"),
+    (576, "hadamard-table(36)xsylvester(16)"),
     (640, "hadamard-paley1(20)xsylvester(32)"),
     (1536, "hadamard-paley1(12)xsylvester(128)"),
 ])
@@ -106,3 +106,15 @@ def test_factored_rotation_equals_the_dense_matrix(n):
     assert (rotation.left_transposed(w) - dense.T @ w.double()).abs().max() < 1e-12
     if n == 4096:
         assert [f.shape[0] for f in rotation.factors] == [64, 64]
+
+
+def test_table_core_of_order_36_is_the_reference_implementations():
+    """The order-36 core is the table's (QuaRot / deepcompressor), not Paley II(17): a Hadamard matrix whose
+    first row is all +1 but its 19th entry, and whose 576 = 36 x 16 rotation is its Kronecker product."""
+    from qoq.quant.hadamard import table_core
+
+    core = table_core(36)
+    assert _is_hadamard(core) and not torch.equal(core, paley2(17))
+    assert core[0].tolist() == [1.0] * 18 + [-1.0] + [1.0] * 17
+    h, _ = hadamard(576)
+    assert torch.allclose(h * 24, torch.kron(core, sylvester(16).double()), atol=1e-12)

@@ -59,7 +59,7 @@ CONFIGS = {  # name -> (_tiny_lm args, expected residual kind, expected head kin
                    "hadamard-paley1(12)xsylvester(8)", "hadamard-sylvester(32)"),
     "llama-o-bias-tied": (dict(hidden=128, heads=4, kv_heads=4, tied=True, attention_bias=True),
                           "hadamard-sylvester(128)", "hadamard-sylvester(32)"),
-    "576": (dict(hidden=576, heads=9, kv_heads=3), "hadamard-paley2(36)xsylvester(16)", "hadamard-sylvester(64)"),
+    "576": (dict(hidden=576, heads=9, kv_heads=3), "hadamard-table(36)xsylvester(16)", "hadamard-sylvester(64)"),
     "640": (dict(hidden=640, heads=10, kv_heads=2), "hadamard-paley1(20)xsylvester(32)", "hadamard-sylvester(64)"),
     "head-80": (dict(hidden=160, heads=2, kv_heads=1), "hadamard-paley1(20)xsylvester(8)",
                 "hadamard-paley1(20)xsylvester(4)"),
