@@ -180,6 +180,7 @@ def summarize(rows: list[dict]) -> dict:
     s["qoq_g128_1p5b_ppl"] = q["ppl"] if q else None
     s["rtn_g128_1p5b_ppl"] = rtn["ppl"] if rtn else None
     s["windows_1p5b"] = fp["windows"] if same else None
+    s["qoq_g128_1p5b_over_fp16"] = q["ppl"] / fp["ppl"] if same else None
     s["gap_closed_g128_1p5b"] = (rtn["ppl"] - q["ppl"]) / (rtn["ppl"] - fp["ppl"]) if same else None
     if not same:
         reasons["gap_closed_g128_1p5b"] = "the 1.5B's fp16, RTN g128 and QoQ g128 rows are not all measured " \

@@ -49,6 +49,10 @@ def _render_quantize(s: dict) -> None:
     out.print(f"[green]wrote[/green] {s['output']}  ({s['recipe']}, {s['layers']} layers, block rel err "
               f"mean {s['block_rel_err_mean']:.4f} max {s['block_rel_err_max']:.4f}, {s['seconds']:.1f} s, "
               f"peak RSS {s['peak_rss_gib']:.2f} GiB{gpu})", highlight=False)
+    from qoq.progress import stderr
+
+    for warning in s.get("warnings", []):
+        stderr.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
 
 
 @app.command()

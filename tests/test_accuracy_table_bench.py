@@ -20,6 +20,7 @@ def test_gap_closed_and_w4a4_comparison():
             row("smollm2-135m", "quarot-w4a4kv4", 31.0)]
     s = summarize(rows)
     assert s["gap_closed_g128_1p5b"] == pytest.approx(0.75) and s["windows_1p5b"] == 40
+    assert s["qoq_g128_1p5b_over_fp16"] == pytest.approx(1.1)
     assert (s["fp16_1p5b_ppl"], s["qoq_g128_1p5b_ppl"], s["rtn_g128_1p5b_ppl"]) == (10.0, 11.0, 14.0)
     assert s["qoq_beats_w4a4"] == {big: False, "smollm2-135m": True}  # QuaRot's 10.5 beats QoQ's 11 there
 

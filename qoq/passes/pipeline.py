@@ -110,6 +110,21 @@ def _files_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+BLOCK_ERROR_WARNING = 0.25  # a block whose quantized output is this far (relative) from its float output
+
+
+def block_error_warnings(errors: list[float]) -> list[str]:
+    """One warning when any block's relative output error passes BLOCK_ERROR_WARNING: such a model
+    usually loses far more accuracy than the recipe promises (a Qwen2 k bias under KV4, say)."""
+    bad = [(e, i) for i, e in enumerate(errors) if e > BLOCK_ERROR_WARNING]
+    if not bad:
+        return []
+    worst, block = max(bad)
+    return [f"{len(bad)} of {len(errors)} blocks have an output error above {BLOCK_ERROR_WARNING:.0%} of their "
+            f"float output (block {block}: {worst:.0%}); expect a large accuracy loss. `qoq eval --quantize` "
+            "separates the weight, activation and KV quantizers (docs/design.md §6)"]
+
+
 def _on_cpu(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {name: t.cpu() for name, t in tensors.items()}
 
@@ -208,6 +223,7 @@ def quantize_model(model: str, recipe: Recipe, output: Path, *, data_dir: Path |
             "model": model, "recipe": recipe.name, "layers": cfg.num_layers,
             "block_rel_err_mean": sum(errors) / len(errors), "block_rel_err_max": max(errors),
             "calibration": describe(spec, tokens, data_dir, seed=c.seed),
+            "warnings": block_error_warnings(errors),
         }
         manifest = {
             "recipe": recipe.to_dict(),
