@@ -55,6 +55,8 @@ def twin_recipe(base: str) -> dict:
     passes = [p for p in raw["passes"] if PASSES.get(p).exact and not PASSES.get(p).quantizes]
     fmt = raw["format"]
     twin_format = {"weight_bits": 16, "group_size": -1, "act_bits": 16, "kv_bits": fmt.get("kv_bits", 4)}
+    if fmt.get("k_bias_outside_cache"):
+        twin_format["k_bias_outside_cache"] = True
     return {"description": f"{base}'s float twin: its function-preserving passes, weights and activations "
                            "16-bit (bench/error_breakdown.py)",
             "passes": passes, "format": twin_format, "transform_format": fmt, "calibration": raw["calibration"],

@@ -30,6 +30,10 @@ class Format:
     # symmetric schemes: down_proj's input rotated at run time by a Hadamard of the intermediate size,
     # W_down ← W_down·R folded by the `rotation` pass (QuaRot's online Hadamard)
     online_hadamard: bool = False
+    # KV4 only: keys are cached without the k_proj bias b, and attention adds R(p)·b back (b rotated to
+    # the key's position p), so each key's UINT4 range covers x·W_kᵀ alone. Qwen2's k biases reach ±150
+    # in a few channels, where a cached b leaves the rest of the key no resolution (docs/design.md §3.4)
+    k_bias_outside_cache: bool = False
 
     @property
     def kind(self) -> str:
@@ -60,6 +64,8 @@ def format_problem(fmt: Format) -> str | None:
         return "W8A8 is per channel: 'format.group_size' must be -1"
     if fmt.online_hadamard and scheme != "symmetric":
         return "'format.online_hadamard' applies to the symmetric W4A4 / W8A8 formats only"
+    if fmt.k_bias_outside_cache and fmt.kv_bits != 4:
+        return "'format.k_bias_outside_cache' applies to the KV4 cache only ('format.kv_bits' = 4)"
     if fmt.act_clip != 1.0 and scheme != "symmetric":
         return "'format.act_clip' applies to the symmetric W4A4 / W8A8 activations only"
     return None

@@ -95,16 +95,13 @@ def test_float_propagation_calibrates_every_block_on_float_activations(tmp_path,
 def test_a_block_the_recipe_breaks_is_reported(tmp_path, tiny_tokenizer, shared_data):
     """Qwen2.5's failure mode under KV4, in small: a k_proj bias of ±150 in a few channels of block 0 leaves
     per-token UINT4 keys no resolution for the rest; the summary warns and names the block."""
-    from safetensors.torch import load_file, save_file
+    from checkpoints import set_qwen_like_k_bias
 
     summaries = {}
     for big_bias in (False, True):
         path = make_tiny_checkpoint(tmp_path / f"m{int(big_bias)}", tiny_tokenizer, arch="qwen2", perturb=True)
         if big_bias:
-            tensors = load_file(path / "model.safetensors")
-            bias = tensors["model.layers.0.self_attn.k_proj.bias"].view(2, 32)
-            bias[:, 15], bias[:, 31], bias[:, 2] = 150.0, -150.0, 60.0
-            save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+            set_qwen_like_k_bias(path)
         summaries[big_bias] = quantize_model(str(path), small("w4a8kv4g64-rtn"), tmp_path / f"a{int(big_bias)}",
                                              data_dir=shared_data, show_progress=False).summary
     assert summaries[False]["warnings"] == [] and summaries[False]["block_rel_err_max"] < 0.2

@@ -53,6 +53,8 @@ def test_every_shipped_recipe_loads():
      "'format.online_hadamard' applies to the symmetric W4A4 / W8A8 formats only"),
     ('passes = ["rtn"]\n[format]\nact_bits = 4\nweight_scheme = "symmetric"\nonline_hadamard = true\n',
      "'format.online_hadamard' needs the 'rotation' pass"),
+    ('passes = ["rtn"]\n[format]\nkv_bits = 16\nk_bias_outside_cache = true\n',
+     "'format.k_bias_outside_cache' applies to the KV4 cache only"),
     ('passes = ["awq", "rtn"]\n', "pass 'awq' works on W4A16 formats, not W4A8"),
     ('passes = ["smooth_down", "rtn"]\n[format]\nact_bits = 4\nweight_scheme = "symmetric"\n',
      "pass 'smooth_down' works on W4A8/W16A16 formats, not W4A4"),

@@ -2,7 +2,8 @@
 model (integer-exact IntegerLinear W4A8, fp32 elsewhere), so its numbers are those `qoq eval` measures.
 
 K (after RoPE) and V go to paged caches: KV4 pages through attention_reference's write_kv4 / read_kv4
-for kv_bits = 4 (quantize_kv: the executor's fake_quant_kv, stored), fp32 pages for the fp16 artifact
+for kv_bits = 4 (quantize_kv: the executor's fake_quant_kv, stored; with format.k_bias_outside_cache, K
+less its rotated k bias, added back on read), fp32 pages for the fp16 artifact
 (so greedy tokens equal HF's fp32 generate). Every chunk attends over its sequence's cached tokens,
 read back from the pages, prefill and decode alike: chunked prefill and recomputation see the same K/V.
 """
@@ -28,6 +29,10 @@ class ReferenceRunner:
         cfg = self.config = self.lm.config
         self.device = torch.device(device)
         self.kv4 = artifact_format(self.artifact).kv_bits == 4
+        # per layer, the k bias kept outside the KV4 cache (format.k_bias_outside_cache), else None
+        self.k_bias = [b.self_attn.k_proj.bias.float().view(cfg.num_kv_heads, cfg.head_dim)
+                       if self.kv4 and b.self_attn.k_bias_outside_cache and b.self_attn.k_proj.bias is not None
+                       else None for b in self.lm.layers]
         for block in self.lm.layers:
             block.self_attn.kv_quant = None  # the runner stores (and for KV4 quantizes) K/V itself
         self.max_model_len = cfg.max_position_embeddings
@@ -39,8 +44,16 @@ class ReferenceRunner:
     def vocab_size(self) -> int:
         return self.config.vocab_size
 
-    def _write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
+    def _rotated_k_bias(self, layer: int, positions: torch.Tensor) -> torch.Tensor:
+        """R(p)·b [T, H_kv, D] fp32 for the layer's k bias kept outside the cache."""
+        b = self.k_bias[layer]
+        return ref.apply_rope(b.expand(positions.shape[0], *b.shape), positions, self.cos, self.sin)
+
+    def _write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor,
+               positions: torch.Tensor) -> None:
         if self.kv4:
+            if self.k_bias[layer] is not None:
+                k = k - self._rotated_k_bias(layer, positions)
             ref.write_kv4(self.cache.k_pages(layer), k, slots)
             ref.write_kv4(self.cache.v_pages(layer), v, slots)
         else:
@@ -51,8 +64,11 @@ class ReferenceRunner:
         if not self.kv4:
             return self.cache.read(layer, pages, length)
         h, d = self.config.num_kv_heads, self.config.head_dim
-        return tuple(dequantize_kv(*ref.read_kv4(pool, pages, length, h, d), dtype=torch.float32)
-                     for pool in (self.cache.k_pages(layer), self.cache.v_pages(layer)))
+        k, v = (dequantize_kv(*ref.read_kv4(pool, pages, length, h, d), dtype=torch.float32)
+                for pool in (self.cache.k_pages(layer), self.cache.v_pages(layer)))
+        if self.k_bias[layer] is not None:  # a sequence's cached tokens sit at positions 0..length-1
+            k = k + self._rotated_k_bias(layer, torch.arange(length, device=k.device)).transpose(0, 1)
+        return k, v
 
     def _attention(self, layer: int, q: torch.Tensor, step: StepInput, pages: list[torch.Tensor]) -> torch.Tensor:
         """q [T, Hq, D] -> [T, Hq, D]: each chunk over its sequence's cached K/V (causal)."""
@@ -95,7 +111,7 @@ class ReferenceRunner:
             k = attn.k_proj(x).view(t, cfg.num_kv_heads, cfg.head_dim)
             v = attn.v_proj(x).view(t, cfg.num_kv_heads, cfg.head_dim)
             q, k = ref.apply_rope(q, positions, self.cos, self.sin), ref.apply_rope(k, positions, self.cos, self.sin)
-            self._write(i, k, v, slots)
+            self._write(i, k, v, slots, positions)
             o = self._attention(i, q, step, pages)
             h = h + attn.o_proj(o.reshape(t, cfg.num_heads * cfg.head_dim))
             h = h + block.mlp(block.post_attention_layernorm(h))

@@ -86,6 +86,7 @@ def load_artifact_model(path: str | Path, backend: str = "reference", device: st
             if prefix in quantized:
                 block.set_submodule(name, make_linear(art.tensors, prefix, fmt).to(device))
         block.self_attn.kv_quant = fake_quant_kv if fmt.kv_bits == 4 else None
+        block.self_attn.k_bias_outside_cache = fmt.k_bias_outside_cache
         block.mlp.down_input_transform = OnlineRotation(cfg.intermediate_size) if fmt.online_hadamard else None
     missing = [n for n, p in lm.named_parameters() if p.device.type == "meta"]
     if missing:

@@ -47,7 +47,8 @@ class Manifest:
 
 OPTIONAL_TABLES = {"passes": dict, "calibration": dict, "source": dict, "block_rel_err": list}
 FORMAT_KEYS = {"weight_bits": int, "group_size": int, "act_bits": int, "kv_bits": int, "weight_scheme": str,
-               "outlier_channels": int, "act_clip": (int, float), "online_hadamard": bool}
+               "outlier_channels": int, "act_clip": (int, float), "online_hadamard": bool,
+               "k_bias_outside_cache": bool}
 
 
 def _typed(raw, key: str, kind, where: str, optional: bool = False):

@@ -53,10 +53,19 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(q_width, hidden, bias=config.o_proj_bias)
         self.rotary = rotary
         self.kv_quant: KVQuant | None = None  # applied to post-RoPE K and to V before attention
+        # with kv_quant: K is quantized without the k_proj bias, which is added back rotated (recipe_schema)
+        self.k_bias_outside_cache = False
 
     def _heads(self, y: torch.Tensor, n_heads: int) -> torch.Tensor:
         batch, seq, _ = y.shape
         return y.view(batch, seq, n_heads, self.head_dim).transpose(1, 2)  # [B, heads, T, D]
+
+    def rotated_k_bias(self, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+        """R(p)·b [1, Hkv, T, D] at the positions cos/sin hold, when the k bias stays outside the cache."""
+        if not self.k_bias_outside_cache or self.k_proj.bias is None:
+            return None
+        b = self.k_proj.bias.to(dtype).view(1, self.num_kv_heads, 1, self.head_dim)
+        return apply_rope(b.expand(1, self.num_kv_heads, cos.shape[-2], self.head_dim), cos, sin)
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         batch, seq, _ = x.shape  # [B, T, H]
@@ -66,7 +75,9 @@ class Attention(nn.Module):
         cos, sin = self.rotary.cos_sin(position_ids)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if self.kv_quant is not None:
-            k, v = self.kv_quant(k), self.kv_quant(v)
+            bias = self.rotated_k_bias(cos, sin, k.dtype)
+            k = self.kv_quant(k) if bias is None else self.kv_quant(k - bias) + bias
+            v = self.kv_quant(v)
         group = self.num_heads // self.num_kv_heads
         if group > 1:  # GQA: each KV head serves `group` consecutive query heads
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)

@@ -55,3 +55,4 @@ def swap_quantized(block: torch.nn.Module, quantized: dict[str, AnyWeight], fmt:
         bias = None if linear.bias is None else linear.bias.detach().to(torch.float16).float()
         block.set_submodule(name, linear_from_weight(quantized[name], bias, fmt))
     block.self_attn.kv_quant = fake_quant_kv if fmt.kv_bits == 4 else None
+    block.self_attn.k_bias_outside_cache = fmt.k_bias_outside_cache

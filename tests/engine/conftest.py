@@ -28,6 +28,23 @@ def tiny_w4(tmp_path_factory, tiny_ckpt, shared_data):
 
 
 @pytest.fixture(scope="session")
+def tiny_qwen_k_bias(tmp_path_factory, tiny_tokenizer, shared_data):
+    """A tiny Qwen2 with Qwen2.5-like k biases in layer 0, W4A8KV4 RTN with the k bias outside the cache."""
+    import dataclasses
+
+    from checkpoints import set_qwen_like_k_bias
+    from qoq.passes.pipeline import quantize_model
+
+    ckpt = set_qwen_like_k_bias(make_tiny_checkpoint(tmp_path_factory.mktemp("qwen_k_bias"), tiny_tokenizer,
+                                                     arch="qwen2", perturb=True))
+    recipe = small("w4a8kv4g64-rtn")
+    recipe = dataclasses.replace(recipe, format=dataclasses.replace(recipe.format, k_bias_outside_cache=True))
+    out = tmp_path_factory.mktemp("engine_art") / "qwen_k_bias"
+    quantize_model(str(ckpt), recipe, out, data_dir=shared_data, show_progress=False)
+    return out
+
+
+@pytest.fixture(scope="session")
 def tiny_fp16(tmp_path_factory, tiny_ckpt, shared_data):
     return _quantize(tmp_path_factory, tiny_ckpt, shared_data, "fp16")
 

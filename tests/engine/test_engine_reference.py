@@ -20,7 +20,7 @@ def executor_greedy(artifact, prompt, n):
     return ids[len(prompt):], logits
 
 
-@pytest.mark.parametrize("artifact", ["tiny_w4", "tiny_fp16"])
+@pytest.mark.parametrize("artifact", ["tiny_w4", "tiny_fp16", "tiny_qwen_k_bias"])
 def test_engine_equals_executor_greedy(request, make_engine, artifact):
     art = request.getfixturevalue(artifact)
     engine = make_engine(art, record_logits=True)

@@ -126,3 +126,11 @@ def test_residual_adds_fused_into_the_norms(make_engine, tiny_fp16, tiny_w4, kin
         assert others == ["rope_kv_write_fp16"] * 4 + ["silu_mul_fp16"] * 4
     else:
         assert others == ["silu_mul_quant"] * 4
+
+
+def test_k_bias_outside_the_cache_is_refused(tiny_qwen_k_bias):
+    """The CUDA runner's KV4 attention does not add a rotated k bias back: such an artifact is refused by name."""
+    from qoq.engine import LLMEngine
+
+    with pytest.raises(ValueError, match="cached without the k_proj bias .*use the reference backend"):
+        LLMEngine(tiny_qwen_k_bias, **CPU_CUDA_RUNNER)

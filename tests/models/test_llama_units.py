@@ -102,3 +102,27 @@ def test_untie_embeddings_copies_the_weight():
     assert model.lm_head.weight is not model.model.embed_tokens.weight
     assert torch.equal(model.lm_head.weight, model.model.embed_tokens.weight)
     assert not model.config.tie_word_embeddings and model.config.hf["tie_word_embeddings"] is False
+
+
+def test_k_bias_outside_the_kv4_cache():
+    """Attention.k_bias_outside_cache: exact without quantization; under KV4 with Qwen2.5-like k biases
+    (±150 in a few channels) the keys keep their resolution and the output stays near the float one."""
+    from tests.passes.tiny_models import TINY, random_lm
+
+    from qoq.quant.kv import fake_quant_kv
+
+    lm = random_lm(TINY["qwen2-bias"])
+    attn = lm.model.layers[0].self_attn
+    with torch.no_grad():
+        attn.k_proj.bias.view(2, 32)[:, [2, 15, 31]] = torch.tensor([60.0, 150.0, -150.0])
+    x = torch.randn(1, 48, 128)
+    pos = torch.arange(48)[None]
+    with torch.no_grad():
+        want = attn(x, pos)
+        attn.kv_quant, attn.k_bias_outside_cache = (lambda t: t), True
+        assert torch.allclose(attn(x, pos), want, rtol=1e-4, atol=1e-4)
+        errors = {}
+        for outside in (False, True):
+            attn.kv_quant, attn.k_bias_outside_cache = fake_quant_kv, outside
+            errors[outside] = ((attn(x, pos) - want).norm() / want.norm()).item()
+    assert errors[True] < 0.5 * errors[False], errors
