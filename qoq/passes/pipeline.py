@@ -113,16 +113,23 @@ def _files_sha256(path: Path) -> str:
 BLOCK_ERROR_WARNING = 0.25  # a block whose quantized output is this far (relative) from its float output
 
 
-def block_error_warnings(errors: list[float]) -> list[str]:
+def block_error_warnings(errors: list[float], k_bias_in_kv4: bool = False) -> list[str]:
     """One warning when any block's relative output error passes BLOCK_ERROR_WARNING: such a model
-    usually loses far more accuracy than the recipe promises (a Qwen2 k bias under KV4, say)."""
+    usually loses far more accuracy than the recipe promises (a Qwen2 k bias under KV4, say);
+    k_bias_in_kv4: the model has k_proj biases and the recipe caches them in KV4 (a second line says
+    what to change)."""
     bad = [(e, i) for i, e in enumerate(errors) if e > BLOCK_ERROR_WARNING]
     if not bad:
         return []
     worst, block = max(bad)
-    return [f"{len(bad)} of {len(errors)} blocks have an output error above {BLOCK_ERROR_WARNING:.0%} of their "
-            f"float output (block {block}: {worst:.0%}); expect a large accuracy loss. `qoq eval --quantize` "
-            "separates the weight, activation and KV quantizers (docs/design.md §6)"]
+    warnings = [f"{len(bad)} of {len(errors)} blocks have an output error above {BLOCK_ERROR_WARNING:.0%} of "
+                f"their float output (block {block}: {worst:.0%}); expect a large accuracy loss. `qoq eval "
+                "--quantize` separates the weight, activation and KV quantizers (docs/design.md §6)"]
+    if k_bias_in_kv4:
+        warnings.append("this model's k_proj biases go into the KV4 cache, where large ones (Qwen2) leave the "
+                        "keys no resolution: `k_bias_outside_cache = true` in the recipe's [format] keeps them "
+                        "out (docs/design.md §3.4; the CUDA runner does not serve that yet)")
+    return warnings
 
 
 def _on_cpu(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -223,7 +230,8 @@ def quantize_model(model: str, recipe: Recipe, output: Path, *, data_dir: Path |
             "model": model, "recipe": recipe.name, "layers": cfg.num_layers,
             "block_rel_err_mean": sum(errors) / len(errors), "block_rel_err_max": max(errors),
             "calibration": describe(spec, tokens, data_dir, seed=c.seed),
-            "warnings": block_error_warnings(errors),
+            "warnings": block_error_warnings(errors, k_bias_in_kv4=cfg.attention_bias and recipe.format.kv_bits == 4
+                                             and not recipe.format.k_bias_outside_cache),
         }
         manifest = {
             "recipe": recipe.to_dict(),
