@@ -120,9 +120,9 @@ def paley2(q: int) -> torch.Tensor:
 
 
 # Cores taken from a table instead of a Paley construction of the same order. 36: the matrix QuaRot and
-# deepcompressor (the QoQ reference) use, from N. J. A. Sloane's library of Hadamard matrices; Paley II(17)
-# is another order-36 Hadamard matrix, and with it SmolLM2's QoQ lands above the reference
-# (docs/performance.md, "Rotation matrix of order 576").
+# deepcompressor (the QoQ reference) use, from N. J. A. Sloane's library of Hadamard matrices. Paley II(17)
+# is another order-36 Hadamard matrix; with the reference's, SmolLM2's rotation (576 = 36 x 16) is the
+# reference's exactly, so the two tools compare pass by pass (docs/design.md §3.6).
 TABLE_CORES = {
     36: (
         "++++++++++++++++++-+++++++++++++++++",
