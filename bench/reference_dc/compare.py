@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -101,10 +102,9 @@ def our_rows(windows: int, workdir: Path, remeasure: bool) -> list[dict]:
         art = workdir / f"qoq-{stage}"
         quant = qoq("quantize", "--model", "smollm2-135m", "--recipe", str(recipe), "--output", str(art), "--overwrite")
         ev = qoq("eval", "wikitext2", str(art), "--windows", str(windows))
-        recipe_arg = f"recipes/{base}.toml" if passes is None else f"out/reference_dc/qoq-{stage}.toml"
         rows.append({"tool": "qoq", "stage": stage, "recipe": base, "command": (
-            f"qoq quantize --model smollm2-135m --recipe {recipe_arg} --output DIR && qoq eval wikitext2 DIR "
-            f"--windows {windows}"), "passes": passes or tomllib.loads(
+            f"qoq quantize --model smollm2-135m --recipe {os.path.relpath(recipe)} --output DIR && "
+            f"qoq eval wikitext2 DIR --windows {windows}"), "passes": passes or tomllib.loads(
             (RECIPE_DIR / f"{base}.toml").read_text())["passes"], "ppl": ev["ppl"], "windows": ev["windows"],
             "tokens": ev["tokens"], "quantize_seconds": quant["seconds"], "eval_seconds": ev["seconds"],
             "block_rel_err_mean": quant["block_rel_err_mean"], "calibration": quant["calibration"],

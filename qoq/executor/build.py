@@ -10,9 +10,8 @@ from qoq.executor.overrides import OverrideError, apply_quantize, check_quantize
 from qoq.export.artifact import Artifact, ArtifactError, read_artifact
 from qoq.models.config import ModelConfig
 from qoq.models.llama import BLOCK_LINEARS, CausalLM
-from qoq.quant.formats import linear_from_tensors
+from qoq.quant.formats import linear_from_tensors, use_kv_format
 from qoq.quant.hadamard import OnlineRotation
-from qoq.quant.kv import fake_quant_kv
 from qoq.recipe_schema import Format, format_problem
 from qoq.registry import Registry
 
@@ -85,8 +84,7 @@ def load_artifact_model(path: str | Path, backend: str = "reference", device: st
             prefix = f"model.layers.{i}.{name}"
             if prefix in quantized:
                 block.set_submodule(name, make_linear(art.tensors, prefix, fmt).to(device))
-        block.self_attn.kv_quant = fake_quant_kv if fmt.kv_bits == 4 else None
-        block.self_attn.k_bias_outside_cache = fmt.k_bias_outside_cache
+        use_kv_format(block.self_attn, fmt)
         block.mlp.down_input_transform = OnlineRotation(cfg.intermediate_size) if fmt.online_hadamard else None
     missing = [n for n, p in lm.named_parameters() if p.device.type == "meta"]
     if missing:

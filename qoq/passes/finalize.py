@@ -7,8 +7,7 @@ import torch
 
 from qoq.models.config import ModelConfig
 from qoq.models.llama import BLOCK_LINEARS, BLOCK_NORMS
-from qoq.quant.formats import AnyWeight, export_weight, linear_from_weight
-from qoq.quant.kv import fake_quant_kv
+from qoq.quant.formats import AnyWeight, export_weight, linear_from_weight, use_kv_format
 from qoq.recipe_schema import Format
 
 
@@ -54,5 +53,4 @@ def swap_quantized(block: torch.nn.Module, quantized: dict[str, AnyWeight], fmt:
         linear = block.get_submodule(name)
         bias = None if linear.bias is None else linear.bias.detach().to(torch.float16).float()
         block.set_submodule(name, linear_from_weight(quantized[name], bias, fmt))
-    block.self_attn.kv_quant = fake_quant_kv if fmt.kv_bits == 4 else None
-    block.self_attn.k_bias_outside_cache = fmt.k_bias_outside_cache
+    use_kv_format(block.self_attn, fmt)

@@ -1,12 +1,14 @@
 """One place that maps a recipe Format to its weight quantizer, its runtime linear and its artifact
 tensors: QoQ W4A8 (§3.1/§3.2: weights.py, linear.py), symmetric W4A4 / W8A8 (§3.7: symmetric.py,
-symmetric_linear.py) and W4A16 (§3.8: asymmetric.py, weight_only_linear.py)."""
+symmetric_linear.py) and W4A16 (§3.8: asymmetric.py, weight_only_linear.py); and its KV cache quantization
+(§3.4: kv.py) on an attention module."""
 
 from __future__ import annotations
 
 import torch
 
 from qoq.quant.asymmetric import AsymmetricWeight, quantize_asymmetric
+from qoq.quant.kv import fake_quant_kv
 from qoq.quant.linear import IntegerLinear, export_linear
 from qoq.quant.symmetric import SymmetricWeight, quantize_symmetric
 from qoq.quant.symmetric_linear import SymmetricIntegerLinear, export_symmetric
@@ -64,3 +66,10 @@ def linear_from_tensors(tensors: dict[str, torch.Tensor], prefix: str, fmt) -> t
     if fmt.weight_scheme == "asymmetric":
         return WeightOnlyLinear.from_tensors(tensors, prefix, fmt)
     return IntegerLinear.from_tensors(tensors, prefix)
+
+
+def use_kv_format(attention, fmt) -> None:
+    """An Attention's KV cache as the format stores it: UINT4 post-RoPE K and V for kv_bits 4 (float
+    otherwise), K without its k bias when fmt.k_bias_outside_cache."""
+    attention.kv_quant = fake_quant_kv if fmt.kv_bits == 4 else None
+    attention.k_bias_outside_cache = fmt.k_bias_outside_cache
