@@ -97,10 +97,11 @@ def test_a_block_the_recipe_breaks_is_reported(tmp_path, tiny_tokenizer, shared_
     per-token UINT4 keys no resolution for the rest; the summary warns and names the block."""
     from checkpoints import set_qwen_like_k_bias
 
-    rtn = small("w4a8kv4g64-rtn")
-    outside = dataclasses.replace(rtn, format=dataclasses.replace(rtn.format, k_bias_outside_cache=True))
+    outside = small("w4a8kv4g64-rtn")  # the shipped KV4 recipes keep k biases outside the cache
+    assert outside.format.k_bias_outside_cache
+    inside = dataclasses.replace(outside, format=dataclasses.replace(outside.format, k_bias_outside_cache=False))
     summaries = {}
-    for name, big_bias, recipe in (("plain", False, rtn), ("big", True, rtn), ("big-outside", True, outside)):
+    for name, big_bias, recipe in (("plain", False, inside), ("big", True, inside), ("big-outside", True, outside)):
         path = make_tiny_checkpoint(tmp_path / name, tiny_tokenizer, arch="qwen2", perturb=True)
         if big_bias:
             set_qwen_like_k_bias(path)

@@ -28,15 +28,21 @@ class SmoothAttentionOptions:
             raise ValueError(f"smooth_attention alpha must lie in [0, 1], got {self.alpha}")
 
 
-def key_abs_max(block: torch.nn.Module, inputs: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
-    """max over calibration tokens of |RoPE(k_proj(input_layernorm(h)))|: [H_kv, D] fp32, on the inputs' device."""
+def key_abs_max(block: torch.nn.Module, inputs: torch.Tensor, position_ids: torch.Tensor,
+                without_bias: bool = False) -> torch.Tensor:
+    """max over calibration tokens of |RoPE(k_proj(input_layernorm(h)))|: [H_kv, D] fp32, on the inputs' device.
+    without_bias: of the keys less their k bias, the part a cache with format.k_bias_outside_cache holds
+    (a Qwen2 bias of hundreds would otherwise set λ for channels whose cached values are small)."""
     attn = block.self_attn
+    bias = attn.k_proj.bias if without_bias else None
     cos, sin = attn.rotary.cos_sin(position_ids)
     k_max = torch.zeros(attn.num_kv_heads, attn.head_dim, device=inputs.device)
     with torch.inference_mode():
         for i in range(0, len(inputs), CHUNK):
             h = inputs[i : i + CHUNK]  # [B, T, H]
             k = attn.k_proj(block.input_layernorm(h))  # [B, T, H_kv * D]
+            if bias is not None:
+                k = k - bias
             k = k.view(*k.shape[:2], attn.num_kv_heads, attn.head_dim).transpose(1, 2)  # [B, H_kv, T, D]
             k = apply_rope(k, cos, sin)
             k_max = torch.maximum(k_max, k.abs().float().amax(dim=(0, 2)))
@@ -75,7 +81,9 @@ class SmoothAttention(Pass):
         attn = block.self_attn
         if attn.head_dim % 2:
             raise ValueError(f"smooth_attention needs an even head_dim for RoPE pairs, got {attn.head_dim}")
-        k_max = key_abs_max(block, ctx.inputs, ctx.position_ids)  # [H_kv, D]
+        fmt = ctx.recipe.format
+        k_max = key_abs_max(block, ctx.inputs, ctx.position_ids,  # [H_kv, D]
+                            without_bias=fmt.kv_bits == 4 and fmt.k_bias_outside_cache)
         lam = paired_scales(k_max, self.options.alpha)
         fold_scales(attn, lam)
         return {

@@ -100,3 +100,20 @@ def test_alpha_zero_is_the_identity_and_alpha_is_checked():
     assert torch.equal(block.self_attn.q_proj.weight, q)
     with pytest.raises(ValueError, match="alpha must lie in"):
         SmoothAttentionOptions(alpha=1.5)
+
+
+def test_with_the_k_bias_outside_the_cache_lambda_follows_the_cached_keys():
+    """format.k_bias_outside_cache: the cache holds K less its bias, so a Qwen2-like bias of ±150 must not set
+    λ: the scales equal those of the same block without the bias, and differ from the bias-in-cache ones."""
+    h, pos = torch.randn(4, 32, 128), torch.arange(32)
+    outside = parse_recipe({"passes": ["smooth_attention", "rtn"], "format": {"kv_bits": 4, "k_bias_outside_cache": True}},
+                           "test", "test")
+    lams = {}
+    for name, recipe, bias in (("no bias", RECIPE, 0.0), ("outside", outside, 150.0), ("inside", RECIPE, 150.0)):
+        block = _attention_block(kv_outlier=20.0)
+        with torch.no_grad():
+            block.self_attn.k_proj.bias.zero_().view(2, 32)[:, [15, 31]] = bias
+        SmoothAttention().apply(block, BlockContext(0, BLOCK_CFG, recipe, h, pos))
+        lams[name] = block.self_attn.q_proj.weight.norm(dim=1)  # rows × λ
+    assert torch.allclose(lams["outside"], lams["no bias"], rtol=1e-5)
+    assert not torch.allclose(lams["inside"], lams["no bias"], rtol=1e-2)
