@@ -5,6 +5,7 @@ with the error breakdowns — bench/results/accuracy_table.{json,md,png}.
         --recipes fp16,w4a8kv4g64-rtn,w4a8kv4g64,atom-w4a4kv4g64,quarot-w4a4kv4 --windows 8
     python bench/accuracy_table.py table
     python bench/accuracy_table.py merge OTHER/accuracy_table.json
+    python bench/accuracy_table.py supersede --model M --recipes R,... --before COMMIT --reason "..."
 
 `--device cuda` quantizes on a GPU and evaluates with the reference executor there (the same fp32
 arithmetic); a run on another machine writes its own table (--results DIR) and `merge` adds its rows here.
@@ -21,6 +22,11 @@ measured (`other_rows`): both tools' rows of bench/results/llmcompressor_check.j
 marked `deepcompressor`), and the error breakdowns (bench/results/error_breakdown*.json; their FP16 and
 W4A8KV4 rows are also whole-recipe rows). Perplexities of different window counts are never
 compared: each summary figure uses the most windows its model's rows share.
+
+`supersede` moves rows measured with an earlier definition of a recipe (a format change, say) out of
+`rows` into `superseded_rows`, each with the reason: kept as a record, never in the summary. An error
+breakdown file with a top-level `superseded` reason gives no whole-recipe rows either (its FP16 row still
+counts: the fp16 recipe is not what changed).
 """
 
 from __future__ import annotations
@@ -92,6 +98,19 @@ def merge(args) -> None:
     write(table, args.results)
 
 
+def supersede(args) -> None:
+    """Move the rows of --model and --recipes whose commit is neither --before nor a --keep one (rows
+    measured before a recipe change) to `superseded_rows` with --reason."""
+    table = load(args.results / "accuracy_table.json")
+    stale = [r for r in table["rows"] if r["model"] == args.model and r["recipe"] in args.recipes
+             and not str(r.get("commit", "")).startswith(tuple(args.keep))]
+    table["rows"] = [r for r in table["rows"] if r not in stale]
+    table["superseded_rows"] = table.get("superseded_rows", []) + [
+        {**r, "superseded": args.reason, "recipe_changed_at": args.before} for r in stale]
+    print(f"superseded {len(stale)} rows", flush=True)
+    write(table, args.results)
+
+
 def llmcompressor_check_rows(results: Path) -> list[dict]:
     """Both tools' rows of bench/reference_llmc's cross-check (its `qoq` rows are ours, on the same
     calibration tokens), with the check's commit; `fp` there is the float model, `fp16` here."""
@@ -136,6 +155,8 @@ def breakdown_recipe_rows(breakdown: list[dict]) -> list[dict]:
     served), as table rows of tool qoq."""
     rows = []
     for r in breakdown:
+        if r.get("superseded") and r["row"] != "FP16":  # a superseded file's recipes changed; fp16 did not
+            continue
         recipe = "fp16" if r["row"] == "FP16" else r["recipe"] if r["row"] == "W4A8KV4" else None
         if recipe is not None:
             rows.append({"model": r["model"], "recipe": recipe, "tool": "qoq", "windows": r["windows"], "ppl": r["ppl"],
@@ -151,7 +172,8 @@ def breakdown_rows(results: Path) -> list[dict]:
         seconds = {k: q.get("seconds") for k, q in d.get("quantize_runs", {}).items()}
         rows += [{"model": d["model"], "recipe": r["recipe"], "row": r["row"], "windows": d["windows"], "ppl": r["ppl"],
                   "delta_vs_fp16": r.get("delta_vs_fp16"), "quantize_seconds": seconds.get(r["recipe"] or "fp16"),
-                  "commit": r.get("commit"), "command": r.get("command"), "source": path.name}
+                  "commit": r.get("commit"), "command": r.get("command"), "source": path.name,
+                  **({"superseded": d["superseded"]} if d.get("superseded") else {})}
                  for r in d.get("rows", [])]
     return rows
 
@@ -179,8 +201,9 @@ def summarize(rows: list[dict]) -> dict:
     s["fp16_1p5b_ppl"] = fp["ppl"] if fp else None
     s["qoq_g128_1p5b_ppl"] = q["ppl"] if q else None
     s["rtn_g128_1p5b_ppl"] = rtn["ppl"] if rtn else None
-    s["windows_1p5b"] = fp["windows"] if same else None
-    s["qoq_g128_1p5b_over_fp16"] = q["ppl"] / fp["ppl"] if same else None
+    pair = fp and q and fp["windows"] == q["windows"]
+    s["windows_1p5b"] = fp["windows"] if pair else None
+    s["qoq_g128_1p5b_over_fp16"] = q["ppl"] / fp["ppl"] if pair else None
     s["gap_closed_g128_1p5b"] = (rtn["ppl"] - q["ppl"]) / (rtn["ppl"] - fp["ppl"]) if same else None
     if not same:
         reasons["gap_closed_g128_1p5b"] = "the 1.5B's fp16, RTN g128 and QoQ g128 rows are not all measured " \
@@ -210,12 +233,17 @@ def markdown(result: dict) -> str:
         for name, r in recipes.items():
             qs = f"{r['quantize_seconds']:.0f}" if r.get("quantize_seconds") else ""
             lines.append(f"| {name.split(' (')[0]} | {r['tool']} | {r['windows']} | {r['ppl']:.3f} | {qs} |")
-        eb = [r for r in result["error_breakdown"] if r["model"] == model]
+        eb = [r for r in result["error_breakdown"] if r["model"] == model and not r.get("superseded")]
         if eb:
             lines += ["", "Error breakdown (bench/error_breakdown.py):", "", "| recipe | row | windows | ppl |",
                       "|---|---|---|---|"]
             lines += [f"| {r['recipe'] or 'fp16'} | {r['row']} | {r['windows']} | {r['ppl']:.3f} |" for r in eb]
         lines.append("")
+    old = result.get("superseded_rows", []) + [r for r in result["error_breakdown"]
+                                               if r.get("superseded") and r["row"] != "FP16"]
+    if old:
+        lines += ["## Superseded rows (kept in the JSON, not in the summary)", ""]
+        lines += sorted({f"- {r['model']} {r['recipe'] or 'fp16'}: {r['superseded']}" for r in old}) + [""]
     return "\n".join(lines)
 
 
@@ -248,7 +276,7 @@ def write(table: dict, results: Path) -> None:
     check = [r for r in llmcompressor_check_rows(results) + reference_dc_rows(results) + breakdown_recipe_rows(breakdown)
              if r["tool"] != "qoq" or (r["model"], r["recipe"], r["windows"]) not in own]
     result = {"summary": summarize(table["rows"] + check), "rows": table["rows"], "other_rows": check,
-              "error_breakdown": breakdown, "notes": {m: GGUF_NOTE for m in MODELS if m.startswith("qwen")}}
+              "superseded_rows": table.get("superseded_rows", []), "error_breakdown": breakdown, "notes": {m: GGUF_NOTE for m in MODELS if m.startswith("qwen")}}
     results.mkdir(parents=True, exist_ok=True)
     (results / "accuracy_table.json").write_text(json.dumps(result, indent=1) + "\n")
     (results / "accuracy_table.md").write_text(markdown(result))
@@ -270,7 +298,13 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--device", default="cpu", help="where quantization and the reference executor run (cpu, cuda)")
     m = sub.add_parser("merge", help="add the rows of accuracy_table.json files written elsewhere")
     m.add_argument("files", type=Path, nargs="+")
-    for p in (r, m, sub.add_parser("table", help="rebuild summary, .md and .png from the rows")):
+    sp = sub.add_parser("supersede", help="move rows a recipe change made stale to superseded_rows")
+    sp.add_argument("--model", required=True)
+    sp.add_argument("--recipes", required=True, help="comma-separated recipe names")
+    sp.add_argument("--before", required=True, help="the commit that changed the recipes")
+    sp.add_argument("--keep", default="", help="comma-separated commit prefixes measured at or after --before")
+    sp.add_argument("--reason", required=True)
+    for p in (r, m, sp, sub.add_parser("table", help="rebuild summary, .md and .png from the rows")):
         p.add_argument("--results", type=Path, default=RESULTS, help="folder of accuracy_table.json")
     args = ap.parse_args(argv)
     if args.verb == "run":
@@ -283,6 +317,10 @@ def main(argv: list[str] | None = None) -> None:
         run(args)
     elif args.verb == "merge":
         merge(args)
+    elif args.verb == "supersede":
+        args.recipes = [x.strip() for x in args.recipes.split(",") if x.strip()]
+        args.keep = [args.before] + [x.strip() for x in args.keep.split(",") if x.strip()]
+        supersede(args)
     else:
         write(load(args.results / "accuracy_table.json"), args.results)
     print(json.dumps(load(args.results / "accuracy_table.json")["summary"], indent=1))

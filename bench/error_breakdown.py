@@ -11,7 +11,8 @@ Rows (docs/design.md §6, `qoq eval --quantize`):
   W4A8KV4   R's artifact as served          W4 only   R's artifact, activations and KV float
   W4A8      R's artifact, KV float          A8 only   the twin, per-token INT8 activations only
   KV4 only  the twin, UINT4 KV only         W16       the twin with no quantizer (the transforms alone)
-FP16 is the `fp16` recipe's artifact, which is also the twin of a recipe without transforms (RTN). Each row records its command and the commit measured.
+FP16 is the `fp16` recipe's artifact, which is also the twin of a recipe without transforms (RTN) unless
+that recipe keeps the k bias outside the KV4 cache. Each row records its command and the commit measured.
 Writes OUT (JSON) and OUT with .md (a table).
 """
 
@@ -63,6 +64,12 @@ def twin_recipe(base: str) -> dict:
             "pass_options": {p: o for p, o in raw.get("pass_options", {}).items() if p in passes}}
 
 
+def needs_own_twin(twin_raw: dict) -> bool:
+    """A twin with passes, or one whose KV format differs from the fp16 artifact's (a k bias kept outside
+    the cache), is quantized; any other twin is the fp16 artifact itself."""
+    return bool(twin_raw["passes"]) or bool(twin_raw["format"].get("k_bias_outside_cache"))
+
+
 def _resume(path: Path, model: str, windows: int) -> dict:
     if not path.exists():
         return {}
@@ -78,6 +85,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("bench/results/error_breakdown.json"))
     ap.add_argument("--workdir", type=Path, default=None, help="artifacts and progress (default out/error_breakdown/MODEL)")
     ap.add_argument("--device", default="cpu", help="where quantization and the reference executor run (cpu, cuda)")
+    ap.add_argument("--report-only", action="store_true",
+                    help="measure nothing: write OUT from the workdir's runs.jsonl (a run stopped on another machine), "
+                         "the rows not measured listed under `missing`")
     args = ap.parse_args()
     recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
     for r in recipes:
@@ -98,7 +108,7 @@ def main() -> None:
     def quantized(name: str, recipe_path: Path) -> Path:
         art = work / name
         key = f"quantize {name}"
-        if key not in done or not (art / "qoq.json").exists():
+        if not args.report_only and (key not in done or not (art / "qoq.json").exists()):
             cmd = ("quantize", "--model", args.model, "--recipe", str(recipe_path), "--output", str(art), "--overwrite",
                    "--device", args.device)
             q = qoq(*cmd)
@@ -117,18 +127,23 @@ def main() -> None:
                          "command": qoq_command(*cmd), "commit": commit()})
         return done[key]
 
+    missing: list[str] = []
     fp16_art = quantized("fp16", RECIPE_DIR / "fp16.toml")
     fp16 = evaluated("FP16", None, fp16_art, None)
     rows = [fp16]
     for recipe in recipes:
         own = quantized(recipe, RECIPE_DIR / f"{recipe}.toml")
         twin_raw = twin_recipe(recipe)
-        # a twin without passes (RTN's) holds the fp16 artifact's weights: that artifact serves, and its
+        # a twin without passes (RTN's) holds the fp16 artifact's weights: that artifact serves (unless the
+        # twin's KV4 keeps the k bias outside the cache, which the fp16 format cannot say), and its
         # "W16" row would be the FP16 row again
         twin = (quantized(f"{recipe}-twin", write_recipe_toml(twin_raw, work / f"{recipe}-twin.toml"))
-                if twin_raw["passes"] else fp16_art)
+                if needs_own_twin(twin_raw) else fp16_art)
         for label, which, quantize in ROWS:
             if which == "twin" and quantize == "none" and not twin_raw["passes"]:
+                continue
+            if args.report_only and f"eval {recipe} {label}" not in done:
+                missing.append(f"{recipe} {label}")
                 continue
             rows.append(evaluated(label, recipe, own if which == "recipe" else twin, quantize))
 
@@ -144,6 +159,8 @@ def main() -> None:
               "quantize_runs": {k: {f: v.replace(f"{REPO}/", "") if f == "command" else v for f, v in q.items()
                                     if f not in strip} for k, q in quantize_runs.items()},
               "rows": [{f: v for f, v in r.items() if f not in strip} for r in rows]}
+    if missing:
+        result["missing"] = missing
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     args.out.with_suffix(".md").write_text(markdown(result) + "\n")
@@ -158,12 +175,16 @@ def markdown(result: dict) -> str:
           f"`{result['command']}`", "", head, "|---|---|" + "---|" * len(result["recipes"]),
           "| FP16 | `fp16` recipe | " + " | ".join(f"{fp16:.3f}" for _ in result["recipes"]) + " |"]
     for label, which, quantize in ROWS:
-        cells = [by.get((r, label)) for r in result["recipes"]]
+        cells = [(by.get((r, label)), f"{r} {label}" in result.get("missing", [])) for r in result["recipes"]]
         what = f"{'R' if which == 'recipe' else 'R float twin'}, --quantize {quantize}"
         md.append(f"| {label} | {what} | " + " | ".join(
-            f"{c['ppl']:.3f} ({c['delta_vs_fp16']:+.3f})" if c else "= FP16 (no transforms)" for c in cells) + " |")
-    twins = "; ".join(f"{r}: {', '.join(t['passes']) or 'no passes, the fp16 artifact'}"
-                      for r, t in result["twins"].items())
+            f"{c['ppl']:.3f} ({c['delta_vs_fp16']:+.3f})" if c else "not measured" if gone else "= FP16 (no transforms)"
+            for c, gone in cells) + " |")
+    def passes(t: dict) -> str:
+        own = "its own artifact (KV4 with the k bias outside the cache)"
+        return ", ".join(t["passes"]) or (f"no passes, {own}" if needs_own_twin(t) else "no passes, the fp16 artifact")
+
+    twins = "; ".join(f"{r}: {passes(t)}" for r, t in result["twins"].items())
     commits = sorted({r["commit"] for r in result["rows"]})
     md += ["", f"Float twins' passes ({twins}). Commit(s): {', '.join(commits)}."]
     return "\n".join(md)

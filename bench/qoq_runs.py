@@ -62,11 +62,12 @@ def qoq(*args: str) -> dict:
 
 def commit() -> str:
     """HEAD's hash, '+dirty' when tracked files differ from it (the measured code is then not HEAD's); in a
-    copy of the tree without its git history (the GPU machine's), $QOQ_COMMIT as the caller gives it."""
+    copy of the tree (the GPU machine's, whose git metadata need not be the copied tree's), $QOQ_COMMIT as
+    the caller gives it, which wins whenever it is set."""
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=REPO, check=True, stdout=subprocess.PIPE, text=True).stdout
 
-    if not (REPO / ".git").exists() and os.environ.get("QOQ_COMMIT"):
+    if os.environ.get("QOQ_COMMIT"):
         return os.environ["QOQ_COMMIT"] + " (copy)"
     head = git("rev-parse", "HEAD").strip()
     return head + ("+dirty" if git("status", "--porcelain", "--untracked-files=no").strip() else "")

@@ -68,3 +68,27 @@ def test_merge_adds_rows_measured_elsewhere(tmp_path):
     assert sorted((r["recipe"], r["ppl"]) for r in merged["rows"]) == [
         ("fp16", 10.0), ("w4a8kv4g128", 11.0), ("w4a8kv4g128-rtn", 14.0)]  # the newer run's row replaced ours
     assert merged["summary"]["gap_closed_g128_1p5b"] == pytest.approx(0.75)
+
+
+def test_supersede_moves_rows_of_an_earlier_recipe_out_of_the_summary(tmp_path):
+    """Rows measured before a recipe changed (not at --before or a --keep commit) become superseded_rows; the
+    breakdown of a file marked superseded gives no whole-recipe row, so the new measurement stands alone."""
+    from bench.accuracy_table import main
+
+    big = "qwen2.5-coder-1.5b"
+    old = [{**row(big, "w4a8kv4g128", 5305.0, 40), "commit": "77f5c72"},
+           {**row(big, "fp16", 12.9, 40), "commit": "77f5c72"},
+           {**row(big, "w4a8kv4g128-rtn", 13.9, 40), "commit": "9b96c6d (copy)"}]
+    write({"rows": old}, tmp_path)
+    (tmp_path / "error_breakdown_old.json").write_text(json.dumps(
+        {"model": big, "windows": 4, "superseded": "k bias cached", "rows": [
+            {"row": "FP16", "recipe": None, "ppl": 36.9}, {"row": "W4A8KV4", "recipe": "w4a8kv4g128", "ppl": 63.0}]}))
+    main(["supersede", "--model", big, "--recipes", "w4a8kv4g128,w4a8kv4g128-rtn", "--before", "9b96c6d",
+          "--reason", "k bias cached", "--results", str(tmp_path)])
+    out = load(tmp_path / "accuracy_table.json")
+    assert [(r["recipe"], r["superseded"], r["recipe_changed_at"]) for r in out["superseded_rows"]] == [
+        ("w4a8kv4g128", "k bias cached", "9b96c6d")]
+    assert sorted(out["summary"]["models"][big]) == ["fp16", "w4a8kv4g128-rtn"]  # fp16 untouched, RTN kept
+    assert out["error_breakdown"][1]["superseded"] == "k bias cached"
+    assert [(r["recipe"], r["windows"]) for r in out["other_rows"]] == [("fp16", 4)]  # the fp16 row still counts
+    assert "## Superseded rows" in (tmp_path / "accuracy_table.md").read_text()

@@ -7,7 +7,7 @@ import pytest
 import torch
 from checkpoints import make_tiny_checkpoint
 
-from bench.error_breakdown import twin_recipe
+from bench.error_breakdown import needs_own_twin, twin_recipe
 from bench.qoq_runs import shipped_recipe, write_recipe_toml
 from qoq.recipe import RecipeError, load_recipe
 from qoq.recipe_schema import Format
@@ -22,7 +22,9 @@ def test_twin_keeps_the_exact_passes(base, kept, tmp_path):
     assert twin["passes"] == kept  # rtn, gptq and clip dropped, the order kept
     recipe = load_recipe(str(write_recipe_toml(twin, tmp_path / f"{base}-twin.toml")))
     shipped = load_recipe(base)
-    assert recipe.format == Format(weight_bits=16, group_size=-1, act_bits=16, kv_bits=4)
+    assert recipe.format == Format(weight_bits=16, group_size=-1, act_bits=16, kv_bits=4, k_bias_outside_cache=True)
+    # even RTN's twin (no passes) is its own artifact: the fp16 one caches K with its bias
+    assert needs_own_twin(twin) and not needs_own_twin({**twin, "passes": [], "format": {"kv_bits": 4}})
     assert not recipe.quantizes_weights
     assert recipe.transform_format == shipped.format and recipe.for_passes().format == shipped.format
     assert recipe.calibration == shipped.calibration
