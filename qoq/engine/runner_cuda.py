@@ -117,8 +117,8 @@ class CudaRunner:
                              "which the CUDA runner does not do; use the reference backend")
         if fmt.k_bias_outside_cache and cfg.attention_bias:
             raise ValueError(f"{artifact_dir}: its keys are cached without the k_proj bias (format."
-                             "k_bias_outside_cache), which the CUDA runner's KV4 attention does not add back; "
-                             "use the reference backend")
+                             "k_bias_outside_cache, every shipped KV4 recipe on a model with k biases), which the "
+                             "CUDA runner's KV4 attention does not add back yet; use the reference backend")
         # W8A8 and W4A16 run their executor modules / dequantized weights on the float path's loop
         self.quantized = kind == "w4a8"
         if quantization is not None and kind != "w16a16":
