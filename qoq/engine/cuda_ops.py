@@ -51,8 +51,8 @@ class ReferenceOps:
     def rope_kv_write_fp16(self, qkv, positions, slots, cos, sin, k_pool, v_pool, hq, hkv):
         return attention_reference.rope_kv_write_fp16(qkv, positions, slots, cos, sin, k_pool, v_pool, hq, hkv)
 
-    def decode_attention(self, q, k_pages, v_pages, page_table, seq_lens, max_seq_len):
-        return attention_reference.decode_attention(q, k_pages, v_pages, page_table, seq_lens)
+    def decode_attention(self, q, k_pages, v_pages, page_table, seq_lens, max_seq_len, k_bias=None):
+        return attention_reference.decode_attention(q, k_pages, v_pages, page_table, seq_lens, k_bias=k_bias)
 
     def decode_attention_fp16(self, q, k_pool, v_pool, page_table, seq_lens, max_seq_len):
         return attention_reference.decode_attention_fp16(q, k_pool, v_pool, page_table, seq_lens)

@@ -92,6 +92,14 @@ class _Layer:
             self.o, self.down = (linear(cat([m], "weight"), cat([m], "bias")) for m in (attn.o_proj, mlp.down_proj))
         self.intermediate = mlp.gate_proj.out_features
 
+    def drop_k_bias(self, q_width: int, k_width: int) -> None:
+        """Zero the k slice of the fused qkv bias (a fresh tensor of this layer's: the executor's modules keep theirs)."""
+        bias = getattr(self.qkv, "bias", None)
+        if not isinstance(bias, torch.Tensor):
+            raise ValueError("keeping the k bias outside the KV4 cache needs a fused qkv with its bias")
+        self.qkv.bias = bias.clone()
+        self.qkv.bias[q_width : q_width + k_width] = 0
+
 
 class CudaRunner:
     def __init__(self, artifact_dir: str | Path, kv_budget: int | None = None, kv_fraction: float = 0.9,
@@ -115,10 +123,11 @@ class CudaRunner:
         if fmt.online_hadamard:
             raise ValueError(f"{artifact_dir}: its format rotates down_proj's input at run time (online Hadamard), "
                              "which the CUDA runner does not do; use the reference backend")
-        if fmt.k_bias_outside_cache and cfg.attention_bias:
+        k_bias_outside = fmt.kv_bits == 4 and fmt.k_bias_outside_cache and cfg.attention_bias
+        if k_bias_outside and ops == "kernels":
             raise ValueError(f"{artifact_dir}: its keys are cached without the k_proj bias (format."
                              "k_bias_outside_cache, every shipped KV4 recipe on a model with k biases), which the "
-                             "CUDA runner's KV4 attention does not add back yet; use the reference backend")
+                             "CUDA runner's KV4 kernels do not add back yet; use the reference backend")
         # W8A8 and W4A16 run their executor modules / dequantized weights on the float path's loop
         self.quantized = kind == "w4a8"
         if quantization is not None and kind != "w16a16":
@@ -130,6 +139,13 @@ class CudaRunner:
         self.hq, self.hkv, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         kernel = ops == "kernels" and self.device.type == "cuda"
         self.layers = [_Layer(b, self.quantized, quantization == "fp8", kernel, kind) for b in lm.layers]
+        # per layer, the k bias kept outside the KV4 cache (design §3.4), fp32 [Hkv, D], else None: the fused
+        # qkv GEMM leaves it out, so the pages get R(p)·x·W_kᵀ, and attention adds R(p)·b back on read
+        self.k_bias = [None] * len(self.layers)
+        if k_bias_outside:
+            self.k_bias = [b.self_attn.k_proj.bias.float().view(self.hkv, self.d) for b in lm.layers]
+            for layer in self.layers:
+                layer.drop_k_bias(self.hq * self.d, self.hkv * self.d)
         self.embed_w, self.norm_w, self.head_w = lm.model.embed_tokens.weight, lm.model.norm.weight, lm.lm_head.weight
         self.eps = lm.model.norm.eps
         self.max_model_len = min(max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
@@ -169,16 +185,27 @@ class CudaRunner:
     def _decode_attention(self, i: int, q, page_table, seq_lens, max_seq_len: int) -> torch.Tensor:
         """q [B, Hq, D], page_table int32 [B, P], seq_lens int32 [B] -> [B, Hq, D] (static shapes)."""
         if self.kv4:
+            extra = {} if self.k_bias[i] is None else {"k_bias": (self.k_bias[i], self.cos, self.sin)}
             return self.ops.decode_attention(q, self.cache.k_pages(i), self.cache.v_pages(i), page_table, seq_lens,
-                                             max_seq_len)
+                                             max_seq_len, **extra)
         return self.ops.decode_attention_fp16(q, *self.cache.pools(i), page_table, seq_lens, max_seq_len)
 
     def _context(self, i: int, plan: PrefillInputs) -> tuple[torch.Tensor, torch.Tensor]:
         """The prefill chunks' cached K/V (plan.context_slots) -> k, v [Tk, Hkv, D] in the activations' dtype."""
         if not self.kv4:
             return self.cache.gather(i, plan.context_slots)
-        return self.ops.read_kv4_slots(self.cache.k_pages(i), self.cache.v_pages(i), plan.context_page,
+        k, v = self.ops.read_kv4_slots(self.cache.k_pages(i), self.cache.v_pages(i), plan.context_page,
                                        plan.context_offset, self.hkv, self.d)
+        if self.k_bias[i] is not None:
+            k = k + self._rotated_k_bias(i, plan).to(k.dtype)
+        return k, v
+
+    def _rotated_k_bias(self, i: int, plan: PrefillInputs) -> torch.Tensor:
+        """R(p)·b [Tk, Hkv, D] fp32 at the context tokens' positions (chunk after chunk, 0..k_len-1 each)."""
+        b, n = self.k_bias[i], plan.context_slots.shape[0]
+        starts = torch.repeat_interleave(plan.cu_k[:-1].long(), torch.tensor(plan.k_lens, device=b.device))
+        positions = torch.arange(n, device=b.device) - starts
+        return ref.apply_rope(b.expand(n, *b.shape), positions, self.cos, self.sin)
 
     def _prefill_attention(self, i: int, q: torch.Tensor, plan: PrefillInputs | None, singles) -> torch.Tensor:
         """Chunks of one token (decodes in a mixed batch) through decode attention, as in decode steps

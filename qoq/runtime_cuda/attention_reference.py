@@ -142,9 +142,11 @@ def _softmax_attention(q, k, v, scale: float, causal: bool) -> torch.Tensor:
     return scores.softmax(-1) @ v
 
 
-def decode_attention(q, k_pages, v_pages, page_table, seq_lens, scale: float | None = None) -> torch.Tensor:
+def decode_attention(q, k_pages, v_pages, page_table, seq_lens, scale: float | None = None,
+                     k_bias: tuple | None = None) -> torch.Tensor:
     """q [B, Hq, D] fp16; page_table [B, max_pages]; seq_lens [B] -> [B, Hq, D] fp16: softmax attention
-    over the dequantized KV4 pages of each sequence (fp32 math)."""
+    over the dequantized KV4 pages of each sequence (fp32 math). k_bias (b [Hkv, D] fp32, cos, sin): the
+    k bias kept outside the cache (design §3.4), R(p)·b added to each cached key at its position p."""
     b, _, d = q.shape
     h_kv = k_pages.shape[1] // (PAGE_TOKENS * (d // 2 + 4))
     scale = 1 / math.sqrt(d) if scale is None else scale
@@ -153,6 +155,9 @@ def decode_attention(q, k_pages, v_pages, page_table, seq_lens, scale: float | N
         n = int(seq_lens[i])
         ids = page_table[i, : math.ceil(n / PAGE_TOKENS)]
         k = dequantize_kv(*read_kv4(k_pages, ids, n, h_kv, d), dtype=torch.float32)  # [Hkv, L, D]
+        if k_bias is not None:  # a sequence's cached tokens sit at positions 0..n-1
+            b, cos, sin = k_bias
+            k = k + apply_rope(b.expand(n, *b.shape), torch.arange(n, device=k.device), cos, sin).transpose(0, 1)
         v = dequantize_kv(*read_kv4(v_pages, ids, n, h_kv, d), dtype=torch.float32)
         out[i] = _softmax_attention(q[i, :, None], k, v, scale, causal=False)[:, 0].to(q.dtype)
     return out
