@@ -276,7 +276,8 @@ def write(table: dict, results: Path) -> None:
     check = [r for r in llmcompressor_check_rows(results) + reference_dc_rows(results) + breakdown_recipe_rows(breakdown)
              if r["tool"] != "qoq" or (r["model"], r["recipe"], r["windows"]) not in own]
     result = {"summary": summarize(table["rows"] + check), "rows": table["rows"], "other_rows": check,
-              "superseded_rows": table.get("superseded_rows", []), "error_breakdown": breakdown, "notes": {m: GGUF_NOTE for m in MODELS if m.startswith("qwen")}}
+              "superseded_rows": table.get("superseded_rows", []), "error_breakdown": breakdown,
+              "notes": {m: GGUF_NOTE for m in MODELS if m.startswith("qwen")}}
     results.mkdir(parents=True, exist_ok=True)
     (results / "accuracy_table.json").write_text(json.dumps(result, indent=1) + "\n")
     (results / "accuracy_table.md").write_text(markdown(result))

@@ -16,6 +16,13 @@ def artifact_format(art) -> Format:
     return Format(**art.manifest["recipe"]["format"])
 
 
+def outside_k_biases(layers, fmt: Format) -> list[torch.Tensor | None]:
+    """Per block, the k bias a KV4 format keeps outside the cache (design §3.4) as fp32 [Hkv, D], else None."""
+    keep = fmt.kv_bits == 4 and fmt.k_bias_outside_cache
+    return [a.k_proj.bias.float().view(a.num_kv_heads, a.head_dim) if keep and a.k_proj.bias is not None else None
+            for a in (block.self_attn for block in layers)]
+
+
 def kv_cache(config, kv4: bool, budget_bytes: int, float_dtype: torch.dtype, device):
     """The paged K/V pools of every layer: KV4 pages, or unquantized ones in `float_dtype`."""
     if kv4:

@@ -11,6 +11,7 @@ A chunk's queries are the last `q_len` of its `k_len` keys (causal, aligned bott
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import torch
@@ -31,6 +32,13 @@ class PrefillInputs:
     k_lens: list[int]
     cu_q: torch.Tensor  # int32 [n + 1] on the device: cumulative q_lens
     cu_k: torch.Tensor  # int32 [n + 1]: cumulative k_lens
+
+    @cached_property
+    def context_positions(self) -> torch.Tensor:
+        """int64 [Tk]: each context token's position (0..k_len-1 per chunk), for the k bias kept outside the
+        KV4 cache; built on first use, once a step for every layer."""
+        starts = torch.repeat_interleave(self.cu_k[:-1].long(), torch.tensor(self.k_lens, device=self.cu_k.device))
+        return torch.arange(self.context_slots.shape[0], device=self.cu_k.device) - starts
 
     @property
     def max_q(self) -> int:

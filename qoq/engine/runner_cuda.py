@@ -33,7 +33,7 @@ from qoq.engine.batch import StepInput
 from qoq.engine.cuda_ops import KernelOps, ReferenceOps, fuse_w4a8
 from qoq.engine.decode_inputs import DecodeInputs
 from qoq.engine.fp8_linear import Fp8Linear
-from qoq.engine.model_loading import artifact_format, kv_cache, rope_tables
+from qoq.engine.model_loading import artifact_format, kv_cache, outside_k_biases, rope_tables
 from qoq.engine.prefill_inputs import PrefillInputs, prefill_inputs
 from qoq.executor.build import load_artifact_model
 from qoq.runtime_cuda import attention_reference as ref
@@ -123,8 +123,10 @@ class CudaRunner:
         if fmt.online_hadamard:
             raise ValueError(f"{artifact_dir}: its format rotates down_proj's input at run time (online Hadamard), "
                              "which the CUDA runner does not do; use the reference backend")
-        k_bias_outside = fmt.kv_bits == 4 and fmt.k_bias_outside_cache and cfg.attention_bias
-        if k_bias_outside and ops == "kernels":
+        # per layer, the k bias kept outside the KV4 cache (design §3.4), else None: the fused qkv GEMM leaves
+        # it out, so the pages get R(p)·x·W_kᵀ, and attention adds R(p)·b back on read
+        self.k_bias = outside_k_biases(lm.layers, fmt)
+        if any(b is not None for b in self.k_bias) and ops == "kernels":
             raise ValueError(f"{artifact_dir}: its keys are cached without the k_proj bias (format."
                              "k_bias_outside_cache, every shipped KV4 recipe on a model with k biases), which the "
                              "CUDA runner's KV4 kernels do not add back yet; use the reference backend")
@@ -139,12 +141,8 @@ class CudaRunner:
         self.hq, self.hkv, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         kernel = ops == "kernels" and self.device.type == "cuda"
         self.layers = [_Layer(b, self.quantized, quantization == "fp8", kernel, kind) for b in lm.layers]
-        # per layer, the k bias kept outside the KV4 cache (design §3.4), fp32 [Hkv, D], else None: the fused
-        # qkv GEMM leaves it out, so the pages get R(p)·x·W_kᵀ, and attention adds R(p)·b back on read
-        self.k_bias = [None] * len(self.layers)
-        if k_bias_outside:
-            self.k_bias = [b.self_attn.k_proj.bias.float().view(self.hkv, self.d) for b in lm.layers]
-            for layer in self.layers:
+        for layer, b in zip(self.layers, self.k_bias):
+            if b is not None:
                 layer.drop_k_bias(self.hq * self.d, self.hkv * self.d)
         self.embed_w, self.norm_w, self.head_w = lm.model.embed_tokens.weight, lm.model.norm.weight, lm.lm_head.weight
         self.eps = lm.model.norm.eps
@@ -197,15 +195,8 @@ class CudaRunner:
         k, v = self.ops.read_kv4_slots(self.cache.k_pages(i), self.cache.v_pages(i), plan.context_page,
                                        plan.context_offset, self.hkv, self.d)
         if self.k_bias[i] is not None:
-            k = k + self._rotated_k_bias(i, plan).to(k.dtype)
+            k = k + ref.rotated_k_bias(self.k_bias[i], plan.context_positions, self.cos, self.sin).to(k.dtype)
         return k, v
-
-    def _rotated_k_bias(self, i: int, plan: PrefillInputs) -> torch.Tensor:
-        """R(p)·b [Tk, Hkv, D] fp32 at the context tokens' positions (chunk after chunk, 0..k_len-1 each)."""
-        b, n = self.k_bias[i], plan.context_slots.shape[0]
-        starts = torch.repeat_interleave(plan.cu_k[:-1].long(), torch.tensor(plan.k_lens, device=b.device))
-        positions = torch.arange(n, device=b.device) - starts
-        return ref.apply_rope(b.expand(n, *b.shape), positions, self.cos, self.sin)
 
     def _prefill_attention(self, i: int, q: torch.Tensor, plan: PrefillInputs | None, singles) -> torch.Tensor:
         """Chunks of one token (decodes in a mixed batch) through decode attention, as in decode steps

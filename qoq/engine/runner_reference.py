@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from qoq.engine.batch import StepInput
-from qoq.engine.model_loading import artifact_format, kv_cache, rope_tables
+from qoq.engine.model_loading import artifact_format, kv_cache, outside_k_biases, rope_tables
 from qoq.executor.build import load_artifact_model
 from qoq.quant.kv import dequantize_kv
 from qoq.runtime_cuda import attention_reference as ref
@@ -28,11 +28,9 @@ class ReferenceRunner:
                                                      dtype=torch.float32)
         cfg = self.config = self.lm.config
         self.device = torch.device(device)
-        self.kv4 = artifact_format(self.artifact).kv_bits == 4
-        # per layer, the k bias kept outside the KV4 cache (format.k_bias_outside_cache), else None
-        self.k_bias = [b.self_attn.k_proj.bias.float().view(cfg.num_kv_heads, cfg.head_dim)
-                       if self.kv4 and b.self_attn.k_bias_outside_cache and b.self_attn.k_proj.bias is not None
-                       else None for b in self.lm.layers]
+        fmt = artifact_format(self.artifact)
+        self.kv4 = fmt.kv_bits == 4
+        self.k_bias = outside_k_biases(self.lm.layers, fmt)  # per layer, None where the cache holds it
         for block in self.lm.layers:
             block.self_attn.kv_quant = None  # the runner stores (and for KV4 quantizes) K/V itself
         self.max_model_len = cfg.max_position_embeddings
@@ -44,16 +42,11 @@ class ReferenceRunner:
     def vocab_size(self) -> int:
         return self.config.vocab_size
 
-    def _rotated_k_bias(self, layer: int, positions: torch.Tensor) -> torch.Tensor:
-        """R(p)·b [T, H_kv, D] fp32 for the layer's k bias kept outside the cache."""
-        b = self.k_bias[layer]
-        return ref.apply_rope(b.expand(positions.shape[0], *b.shape), positions, self.cos, self.sin)
-
     def _write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor,
                positions: torch.Tensor) -> None:
         if self.kv4:
             if self.k_bias[layer] is not None:
-                k = k - self._rotated_k_bias(layer, positions)
+                k = k - ref.rotated_k_bias(self.k_bias[layer], positions, self.cos, self.sin)
             ref.write_kv4(self.cache.k_pages(layer), k, slots)
             ref.write_kv4(self.cache.v_pages(layer), v, slots)
         else:
@@ -67,7 +60,8 @@ class ReferenceRunner:
         k, v = (dequantize_kv(*ref.read_kv4(pool, pages, length, h, d), dtype=torch.float32)
                 for pool in (self.cache.k_pages(layer), self.cache.v_pages(layer)))
         if self.k_bias[layer] is not None:  # a sequence's cached tokens sit at positions 0..length-1
-            k = k + self._rotated_k_bias(layer, torch.arange(length, device=k.device)).transpose(0, 1)
+            k = k + ref.rotated_k_bias(self.k_bias[layer], torch.arange(length, device=k.device), self.cos,
+                                       self.sin).transpose(0, 1)
         return k, v
 
     def _attention(self, layer: int, q: torch.Tensor, step: StepInput, pages: list[torch.Tensor]) -> torch.Tensor:

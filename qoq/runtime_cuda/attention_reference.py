@@ -95,6 +95,12 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin:
     return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)
 
 
+def rotated_k_bias(b: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """R(p)·b [T, Hkv, D] fp32: a k bias b [Hkv, D] kept outside the KV4 cache (design §3.4), rotated to each
+    cached key's position."""
+    return apply_rope(b.expand(positions.shape[0], *b.shape), positions, cos, sin)
+
+
 def rope_kv4_write(qkv, positions, slots, cos, sin, k_pages, v_pages, num_q_heads: int, num_kv_heads: int):
     """qkv [T, (Hq + 2 Hkv) * D] fp16 -> (q [T, Hq, D], k [T, Hkv, D]) after RoPE; writes K (post-RoPE)
     and V to their pages at slots [T]."""
@@ -156,8 +162,7 @@ def decode_attention(q, k_pages, v_pages, page_table, seq_lens, scale: float | N
         ids = page_table[i, : math.ceil(n / PAGE_TOKENS)]
         k = dequantize_kv(*read_kv4(k_pages, ids, n, h_kv, d), dtype=torch.float32)  # [Hkv, L, D]
         if k_bias is not None:  # a sequence's cached tokens sit at positions 0..n-1
-            b, cos, sin = k_bias
-            k = k + apply_rope(b.expand(n, *b.shape), torch.arange(n, device=k.device), cos, sin).transpose(0, 1)
+            k = k + rotated_k_bias(k_bias[0], torch.arange(n, device=k.device), *k_bias[1:]).transpose(0, 1)
         v = dequantize_kv(*read_kv4(v_pages, ids, n, h_kv, d), dtype=torch.float32)
         out[i] = _softmax_attention(q[i, :, None], k, v, scale, causal=False)[:, 0].to(q.dtype)
     return out
