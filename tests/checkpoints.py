@@ -34,13 +34,14 @@ def make_tiny_checkpoint(path: Path, tokenizer, arch: str = "llama", hidden: int
     return path
 
 
-def set_qwen_like_k_bias(path: Path, layer: int = 0) -> Path:
-    """Give one layer of a tiny Qwen2 checkpoint (head_dim 32, 2 KV heads) k_proj biases like Qwen2.5's first
-    layer: ±150 in a few channels, the lowest-frequency RoPE pair among them."""
+def set_qwen_like_k_bias(path: Path, layer: int = 0, head_dim: int = 32) -> Path:
+    """Give one layer of a tiny Qwen2 checkpoint k_proj biases like Qwen2.5's first layer: ±150 in a few
+    channels, the lowest-frequency RoPE pair among them."""
     from safetensors.torch import load_file, save_file
 
     tensors = load_file(path / "model.safetensors")
-    bias = tensors[f"model.layers.{layer}.self_attn.k_proj.bias"].view(2, 32)
-    bias[:, 15], bias[:, 31], bias[:, 2] = 150.0, -150.0, 60.0
+    half = head_dim // 2
+    bias = tensors[f"model.layers.{layer}.self_attn.k_proj.bias"].view(-1, head_dim)
+    bias[:, half - 1], bias[:, head_dim - 1], bias[:, 2] = 150.0, -150.0, 60.0
     save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
     return path

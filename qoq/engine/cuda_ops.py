@@ -84,6 +84,7 @@ class KernelOps:
         from qoq.runtime_cuda import attention, gemm, quant_kernels
 
         self._attention, self._gemm, self._quant = attention, gemm, quant_kernels
+        self._rope_fragments = {}  # (cos, sin, head_dim) of the runner's RoPE tables -> the k-bias mma's table
 
     def tiles_for(self, m: int, group: int) -> bool:
         return self._gemm.tiles_for(m, group)
@@ -115,10 +116,16 @@ class KernelOps:
         return self._attention.rope_kv_write_fp16(qkv, positions, slots, cos, sin, k_pool, v_pool, hq, hkv,
                                                   enable_pdl=True)
 
-    def decode_attention(self, q, k_pages, v_pages, page_table, seq_lens, max_seq_len):
+    def decode_attention(self, q, k_pages, v_pages, page_table, seq_lens, max_seq_len, k_bias=None):
+        if k_bias is not None:  # made once, on the eager runs before any graph capture
+            b, cos, sin = k_bias
+            key = (cos.data_ptr(), sin.data_ptr(), q.shape[-1])
+            if key not in self._rope_fragments:
+                self._rope_fragments[key] = self._attention.rope_fragments(cos, sin, q.shape[-1])
+            k_bias = (b, cos, sin, self._rope_fragments[key])
         # enable_pdl: starts while rope_kv4_write (just ahead, writing q and the new token) ends
         return self._attention.decode_attention(q, k_pages, v_pages, page_table, seq_lens, max_seq_len,
-                                                enable_pdl=True)
+                                                enable_pdl=True, k_bias=k_bias)
 
     def decode_attention_fp16(self, q, k_pool, v_pool, page_table, seq_lens, max_seq_len):
         return self._attention.decode_attention_fp16(q, k_pool, v_pool, page_table, seq_lens, max_seq_len)

@@ -126,10 +126,6 @@ class CudaRunner:
         # per layer, the k bias kept outside the KV4 cache (design §3.4), else None: the fused qkv GEMM leaves
         # it out, so the pages get R(p)·x·W_kᵀ, and attention adds R(p)·b back on read
         self.k_bias = outside_k_biases(lm.layers, fmt)
-        if any(b is not None for b in self.k_bias) and ops == "kernels":
-            raise ValueError(f"{artifact_dir}: its keys are cached without the k_proj bias (format."
-                             "k_bias_outside_cache, every shipped KV4 recipe on a model with k biases), which the "
-                             "CUDA runner's KV4 kernels do not add back yet; use the reference backend")
         # W8A8 and W4A16 run their executor modules / dequantized weights on the float path's loop
         self.quantized = kind == "w4a8"
         if quantization is not None and kind != "w16a16":
@@ -147,7 +143,10 @@ class CudaRunner:
         self.embed_w, self.norm_w, self.head_w = lm.model.embed_tokens.weight, lm.model.norm.weight, lm.lm_head.weight
         self.eps = lm.model.norm.eps
         self.max_model_len = min(max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
-        self.cos, self.sin = rope_tables(lm.model.rotary.inv_freq, self.max_model_len, device)
+        # whole pages of positions: a decode graph's max_seq_len (its page bucket) may pass max_model_len, and
+        # the k-bias decode checks its RoPE tables against it
+        pages = -(-self.max_model_len // ref.PAGE_TOKENS)
+        self.cos, self.sin = rope_tables(lm.model.rotary.inv_freq, pages * ref.PAGE_TOKENS, device)
         del lm
         if kv_budget is None:
             if self.device.type != "cuda":

@@ -82,6 +82,49 @@ def _check_group(hq: int, h_kv: int) -> None:
         raise ValueError(f"{hq} query heads over {h_kv} KV heads: need a group size of 1..8")
 
 
+def chunk_tokens(head_dim: int) -> int:
+    """Tokens of one decode-kernel chunk (csrc/attention_decode_kv4.cu, Chunk::kTokens)."""
+    return 16 * 256 // head_dim
+
+
+def rope_fragments(cos: torch.Tensor, sin: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """The RoPE of a decode chunk's relative positions t = 0..chunk_tokens-1 as the k-bias mma's A fragments
+    (csrc/attention_decode_k_bias.cuh): int32 [blocks, D/16 k-steps, 32 lanes, 4 words], each word a half2
+    (cos, sin)(t θ_i) with, for lane 4 grp + quad, word w of k-step s in block blk: t = 16 blk + 2 grp + (w & 1)
+    (the kernel's token order in a block) and pair i = quad D/8 + 2 s + (w >> 1). cos/sin [max_pos, D/2]
+    fp32; rows past max_pos (never a cached key's position) are zero."""
+    tokens, half = chunk_tokens(head_dim), head_dim // 2
+    z = torch.zeros(tokens, half, 2, dtype=torch.float16, device=cos.device)
+    rows = min(tokens, cos.shape[0])
+    z[:rows, :, 0], z[:rows, :, 1] = cos[:rows], sin[:rows]
+    blk, s, grp, quad, w = torch.meshgrid(*(torch.arange(n, device=cos.device) for n in
+                                            (tokens // 16, head_dim // 16, 8, 4, 4)), indexing="ij")
+    frag = z[16 * blk + 2 * grp + (w & 1), quad * (head_dim // 8) + 2 * s + (w >> 1)]  # [..., 8, 4, 4, 2]
+    return frag.reshape(tokens // 16, head_dim // 16, 32, 4, 2).contiguous().view(torch.int32)[..., 0]
+
+
+def _check_k_bias(k_bias, q: torch.Tensor, h_kv: int, max_seq_len: int) -> tuple:
+    """k_bias (b, cos, sin[, fragments]) checked -> (b, cos, sin, fragments)."""
+    if not isinstance(k_bias, (tuple, list)) or len(k_bias) not in (3, 4):
+        raise ValueError("k_bias must be (b, cos, sin) or (b, cos, sin, rope_fragments(cos, sin, head_dim))")
+    b, cos, sin = k_bias[:3]
+    d = q.shape[-1]
+    if b.dtype != torch.float32 or b.shape != (h_kv, d) or not b.is_contiguous():
+        raise ValueError(f"k_bias b must be contiguous fp32 [{h_kv}, {d}], got {b.dtype} {tuple(b.shape)}")
+    for name, x in (("cos", cos), ("sin", sin)):
+        if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != d // 2 or not x.is_contiguous():
+            raise ValueError(f"k_bias {name} must be contiguous fp32 [max_pos, {d // 2}], got {x.dtype} "
+                             f"{tuple(x.shape)}")
+    if cos.shape != sin.shape or cos.shape[0] < max_seq_len:
+        raise ValueError(f"k_bias cos/sin {tuple(cos.shape)}, {tuple(sin.shape)} must be alike and cover "
+                         f"max_seq_len {max_seq_len} positions")
+    frags = k_bias[3] if len(k_bias) == 4 else rope_fragments(cos, sin, d)
+    if frags.dtype != torch.int32 or frags.numel() != chunk_tokens(d) * d // 2 or not frags.is_contiguous():
+        raise ValueError("k_bias fragments must be rope_fragments(cos, sin, head_dim)")
+    same_device("q", q, k_bias=b, cos=cos, sin=sin, rope_fragments=frags)
+    return b, cos, sin, frags
+
+
 def decode_attention(
     q: torch.Tensor,
     k_pages: torch.Tensor,
@@ -93,6 +136,7 @@ def decode_attention(
     num_splits: int | None = None,
     num_stages: int | None = None,
     enable_pdl: bool = False,
+    k_bias: tuple | None = None,
 ) -> torch.Tensor:
     """q [B, Hq, D] fp16, pages [P, page_bytes] uint8, page_table int32 [B, >= ceil(max_seq_len/64)],
     seq_lens int32 [B] (each in 1..max_seq_len) -> [B, Hq, D] fp16. GQA group Hq/Hkv <= 8; D 64 or 128.
@@ -100,12 +144,18 @@ def decode_attention(
 
     enable_pdl (Hopper): launch as a programmatic dependent of the kernel ahead in the stream, copying
     the sequences' first chunks while it ends. That kernel may write q and each sequence's last token
-    (the decode step's rope_kv4_write), but not the page table, seq_lens or any older token."""
+    (the decode step's rope_kv4_write), but not the page table, seq_lens or any older token.
+
+    k_bias (b [Hkv, D] fp32, cos, sin [max_pos, D/2] fp32[, rope_fragments(cos, sin, D)]): the k bias kept
+    outside the cache (design §3.4), R(p)·b added to each cached key at its position p (0..seq_len-1), as
+    attention_reference.decode_attention does. Pass the fragments made once to keep them out of each call
+    (and out of a CUDA graph)."""
     b, hq, d = q.shape
     _check_head_dim(d)
     h_kv = k_pages.shape[1] // (PAGE_TOKENS * (d // 2 + 4))
     _check_group(hq, h_kv)
     same_device("q", q, k_pages=k_pages, v_pages=v_pages, page_table=page_table, seq_lens=seq_lens)
+    bias_args = (None,) * 4 if k_bias is None else _check_k_bias(k_bias, q, h_kv, max_seq_len)
     num_sms = _num_sms(q.device.index)  # a CUDA tensor's device always has its index
     splits, pages_per_split = split_plan(b, h_kv, max_seq_len, num_sms, num_splits)
     if num_stages is None:
@@ -117,7 +167,7 @@ def decode_attention(
     scale = 1 / math.sqrt(d) if scale is None else scale
     extension().decode_kv4(
         q, k_pages, v_pages, page_table, seq_lens, out, part_o, part_ml, counters,
-        h_kv, splits, pages_per_split, num_stages, scale, enable_pdl,
+        h_kv, splits, pages_per_split, num_stages, scale, enable_pdl, *bias_args,
     )
     return out
 

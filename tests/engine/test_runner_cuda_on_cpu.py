@@ -145,11 +145,3 @@ def test_k_bias_outside_the_cache_on_reference_ops_matches_the_reference_engine(
         assert_same_until_near_tie(a, w, margin=0.05)
         assert_same_until_near_tie(b, w, margin=0.05)
         assert _rel(a.logits[0], w.logits[0]) < 0.1  # fp16 activations vs the fp32 reference
-
-
-def test_k_bias_outside_the_cache_is_refused_on_the_kernels(tiny_qwen_k_bias):
-    """The KV4 kernels do not add a rotated k bias back yet: such an artifact is refused by name."""
-    from qoq.engine import LLMEngine
-
-    with pytest.raises(ValueError, match="cached without the k_proj bias .*use the reference backend"):
-        LLMEngine(tiny_qwen_k_bias, **{**CPU_CUDA_RUNNER, "ops": "kernels"})

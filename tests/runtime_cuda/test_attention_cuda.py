@@ -140,6 +140,72 @@ def test_decode_attention_large_v_scales_stay_finite(dim):
         assert out.isfinite().all() and _rel(out, expected) < 1e-3, f"num_splits={splits} num_stages={stages}"
 
 
+def _qwen_like_k_bias(hkv, dim, gen, big):
+    """b [Hkv, D] fp32: N(0, 2) with Qwen2.5-like channels (±big at the lowest-frequency pair, 0.4 big at a
+    high-frequency one)."""
+    b = torch.randn(hkv, dim, device="cuda", generator=gen) * 2
+    b[:, dim // 2 - 1], b[:, dim - 1], b[:, 2] = big, -big, 0.4 * big
+    return b
+
+
+@pytest.mark.parametrize("group,dim", [(1, 128), (6, 128), (7, 64), (8, 64)])
+def test_decode_attention_with_k_bias_matches_reference(group, dim):
+    """The k bias kept outside the cache (attention_decode_k_bias.cuh): every split and ring depth, PDL on and
+    off, against the reference adding R(p)·b to the dequantized keys in fp32. Bias scores of hundreds (Qwen2.5's
+    ±150 channels) cost what fp16 keys cost: the bound is looser there (tests/runtime_cuda/test_k_bias_fragments.py
+    replays the arithmetic)."""
+    gen = torch.Generator(device="cuda").manual_seed(group * 100 + dim)
+    hkv = 2
+    lens = [1, 31, 33, 64, 65, 4096] + torch.randint(1, 4097, (3,), generator=gen, device="cuda").tolist()
+    (k_pool, v_pool), table, seq_lens = _random_cache(lens, hkv, dim, gen)
+    q = torch.randn(len(lens), hkv * group, dim, device="cuda", generator=gen).half()
+    cos, sin = _rope_tables(4096, dim, "cuda")
+    frags = attention.rope_fragments(cos, sin, dim)
+    for big, bound in ((20.0, 2e-3), (150.0, 8e-3)):
+        b = _qwen_like_k_bias(hkv, dim, gen, big)
+        expected = ref.decode_attention(q, k_pool, v_pool, table, seq_lens, k_bias=(b, cos, sin))
+        without = ref.decode_attention(q, k_pool, v_pool, table, seq_lens)
+        assert _rel(without, expected) > 0.05  # the bias matters
+        for splits, stages in [(None, None), (1, 2), (7, 2), (64, 2)] + ([(1, 3), (7, 3)] if dim == 128 else []):
+            for pdl in (False, True):
+                out = attention.decode_attention(q, k_pool, v_pool, table, seq_lens, max(lens), num_splits=splits,
+                                                 num_stages=stages, enable_pdl=pdl, k_bias=(b, cos, sin, frags))
+                assert _rel(out, expected) < bound, (big, splits, stages, pdl, _rel(out, expected))
+
+
+def test_decode_attention_k_bias_in_a_cuda_graph_follows_new_tokens():
+    """Captured once, replayed over growing sequences: the bias follows each replay's lengths and positions."""
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    hkv, group, dim = 2, 6, 128
+    final = [40, 700, 2000]
+    (k_pool, v_pool), table, _ = _random_cache(final, hkv, dim, gen)
+    cos, sin = _rope_tables(2048, dim, "cuda")
+    b = _qwen_like_k_bias(hkv, dim, gen, 20.0)
+    k_bias = (b, cos, sin, attention.rope_fragments(cos, sin, dim))
+    q = torch.randn(len(final), hkv * group, dim, device="cuda", generator=gen).half()
+    seq_lens = torch.tensor([n - 5 for n in final], dtype=torch.int32, device="cuda")
+    attention.decode_attention(q, k_pool, v_pool, table, seq_lens, 2048, k_bias=k_bias, enable_pdl=True)  # warm-up
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = attention.decode_attention(q, k_pool, v_pool, table, seq_lens, 2048, k_bias=k_bias, enable_pdl=True)
+    for step in range(5):
+        seq_lens.copy_(torch.tensor([n - 4 + step for n in final], dtype=torch.int32))
+        graph.replay()
+        expected = ref.decode_attention(q, k_pool, v_pool, table, seq_lens, k_bias=k_bias[:3])
+        assert _rel(out, expected) < 2e-3, step
+
+
+def test_decode_attention_rejects_a_bad_k_bias():
+    q = torch.randn(1, 2, 64, device="cuda").half()
+    pool = torch.zeros(1, ref.page_bytes(2, 64), dtype=torch.uint8, device="cuda")
+    one = torch.ones(1, 1, dtype=torch.int32, device="cuda")
+    cos, sin = _rope_tables(64, 64, "cuda")
+    with pytest.raises(ValueError, match=r"k_bias b must be contiguous fp32 \[2, 64\]"):
+        attention.decode_attention(q, pool, pool, one, one[0], 1, k_bias=(torch.zeros(2, 64, device="cuda").half(), cos, sin))
+    with pytest.raises(ValueError, match="cover max_seq_len 100"):
+        attention.decode_attention(q, pool, pool, one, one[0], 100, k_bias=(torch.zeros(2, 64, device="cuda"), cos, sin))
+
+
 def test_decode_attention_rejects_unsupported_stages():
     q = torch.randn(1, 2, 64, device="cuda").half()
     pool = torch.zeros(1, ref.page_bytes(2, 64), dtype=torch.uint8, device="cuda")

@@ -189,10 +189,17 @@ def test_attention_check_runs_the_reference_and_catches_errors():
     rows = check_attention_cases(cases, 2, "cpu", attend=reference_attend)
     assert len(rows) == 6 and all(r["ok"] and r["err"] == 0.0 for r in rows), rows
     assert [r["pdl"] for r in rows] == [False, True] * 3
+    assert [r["kb"] for r in rows] == [False, True, False, False, False, True]
 
-    def drops_last_token(q, k_pages, v_pages, page_table, seq_lens, *args):
+    def drops_last_token(q, k_pages, v_pages, page_table, seq_lens, *args, k_bias=None):
         shorter = (seq_lens - 1).clamp(min=1)
-        return ref.decode_attention(q, k_pages, v_pages, page_table, shorter)
+        return ref.decode_attention(q, k_pages, v_pages, page_table, shorter, k_bias=k_bias)
+
+    def drops_the_k_bias(*args, k_bias=None):
+        return ref.decode_attention(*args[:5])
+
+    rows = check_attention_cases(cases[-1:], 2, "cpu", attend=drops_the_k_bias, start=5)  # a k-bias case
+    assert rows[0]["kb"] and not rows[0]["ok"] and rows[0]["err"] > 0.05
 
     rows = check_attention_cases(cases[-1:], 2, "cpu", attend=drops_last_token)
     assert not rows[0]["ok"] and rows[0]["err"] > ATTENTION_REL_TOL

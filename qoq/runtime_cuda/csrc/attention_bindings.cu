@@ -24,7 +24,9 @@ void decode_kv4(const torch::Tensor& q, const torch::Tensor& k_pages, const torc
                 const torch::Tensor& page_table, const torch::Tensor& seq_lens, torch::Tensor& out,
                 torch::Tensor& part_o, torch::Tensor& part_ml, torch::Tensor& counters,
                 int64_t num_kv_heads, int64_t num_splits, int64_t pages_per_split, int64_t num_stages,
-                double scale, bool enable_pdl) {
+                double scale, bool enable_pdl, const c10::optional<torch::Tensor>& k_bias,
+                const c10::optional<torch::Tensor>& rope_cos, const c10::optional<torch::Tensor>& rope_sin,
+                const c10::optional<torch::Tensor>& rope_fragments) {
   const c10::Device device = q.device();
   check(q, "q", at::kHalf, 3, device);
   check(k_pages, "k_pages", at::kByte, 2, device);
@@ -67,6 +69,21 @@ void decode_kv4(const torch::Tensor& q, const torch::Tensor& k_pages, const torc
   p.num_stages = num_stages;
   p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
   p.dependent = enable_pdl && at::cuda::getDeviceProperties(q.get_device())->major >= 9;
+  if (k_bias.has_value()) {  // the k bias kept outside the cache: attention_decode_k_bias.cuh
+    TORCH_CHECK(rope_cos.has_value() && rope_sin.has_value() && rope_fragments.has_value(),
+                "k_bias needs rope_cos, rope_sin and rope_fragments");
+    check(*k_bias, "k_bias", at::kFloat, 2, device);
+    check(*rope_cos, "rope_cos", at::kFloat, 2, device);
+    check(*rope_sin, "rope_sin", at::kFloat, 2, device);
+    check(*rope_fragments, "rope_fragments", at::kInt, 4, device);
+    TORCH_CHECK(k_bias->size(0) == num_kv_heads && k_bias->size(1) == D, "k_bias must be [num_kv_heads, head_dim]");
+    TORCH_CHECK(rope_cos->size(1) == D / 2 && rope_sin->sizes() == rope_cos->sizes(), "rope_cos/sin must be [max_pos, D/2]");
+    TORCH_CHECK(rope_fragments->numel() == 16 * 256 / D * D / 2, "rope_fragments has the wrong size for head_dim ", D);
+    p.k_bias = k_bias->data_ptr<float>();
+    p.rope_cos = rope_cos->data_ptr<float>();
+    p.rope_sin = rope_sin->data_ptr<float>();
+    p.rope_rel = reinterpret_cast<const uint4*>(rope_fragments->data_ptr<int32_t>());
+  }
   const c10::cuda::CUDAGuard guard(device);  // launch on q's GPU, in its current stream
   const cudaError_t err = qoq_attn::launch_decode_kv4(p, D, c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, "decode_kv4 launch failed (head_dim ", D, ", group ", G, ", splits ", num_splits,

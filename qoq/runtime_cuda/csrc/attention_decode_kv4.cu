@@ -16,6 +16,7 @@
 #include <cmath>
 
 #include "attention_decode_combine.cuh"
+#include "attention_decode_k_bias.cuh"
 #include "attention_kv4.cuh"
 #include "grid_dependency.cuh"
 #include "per_device.h"
@@ -168,11 +169,12 @@ __device__ __forceinline__ uint32_t transpose8x8(uint32_t x) {
 // chunk below the split's end (>= 1); kPartial: fewer than kTokens, only in a sequence's last chunk,
 // whose tail may hold garbage, NaN scales included (a separate instantiation, so full chunks carry
 // no bounds checks). qs[h]: sum_d q[g,d] * 2^-24 (scores are kept in "u" units,
-// (sum_d q code - zeroK sum_d q) 2^-24 scaleK); u_log2: u -> log2 units.
-template <int D, bool kPartial>
+// (sum_d q code - zeroK sum_d q) 2^-24 scaleK); u_log2: u -> log2 units. kBias: the scores get bias
+// (KBiasTerm::chunk) added.
+template <int D, bool kPartial, bool kBias>
 __device__ __forceinline__ void attend_chunk(const SlotReader<D>& c, const uint32_t (&qb)[D / 16][2],
-                                             const float (&qs)[2], float u_log2, int n_valid, WarpState<D>& st,
-                                             int lane) {
+                                             const float (&qs)[2], const float (&bias)[Chunk<D>::kBlocks][4],
+                                             float u_log2, int n_valid, WarpState<D>& st, int lane) {
   using C = Chunk<D>;
   constexpr int kBlocks = C::kBlocks;
   const int grp = lane >> 2, quad = lane & 3;
@@ -201,6 +203,10 @@ __device__ __forceinline__ void attend_chunk(const SlotReader<D>& c, const uint3
     s[blk][1] = fmaf(-kz_a, qs[1], acc[1]) * ks_a;
     s[blk][2] = fmaf(-kz_b, qs[0], acc[2]) * ks_b;
     s[blk][3] = fmaf(-kz_b, qs[1], acc[3]) * ks_b;
+    if constexpr (kBias) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[blk][e] += bias[blk][e];
+    }
   }
   if constexpr (kPartial) {
 #pragma unroll
@@ -327,8 +333,8 @@ __device__ __forceinline__ float load_query(const DecodeParams& p, int b, int he
 // kStages: ring slots per warp (chunks in flight + 1). Three cover the memory latency better in long
 // runs of chunks, two start faster (a smaller first burst of copies); attention.py picks. kSplit:
 // p.num_splits > 1 (attention_decode_combine.cuh says why that is a template parameter).
-template <int D, int kStages, bool kSplit>
-__global__ void __launch_bounds__(kThreads, 4) decode_kv4_kernel(const DecodeParams p) {
+template <int D, int kStages, bool kSplit, bool kBias>
+__global__ void __launch_bounds__(kThreads, kBias ? 3 : 4) decode_kv4_kernel(const DecodeParams p) {
   using C = Chunk<D>;
   static_assert(kStages >= 2 && kStages * kWarps * C::kSlotBytes <= kMaxRingBytes, "2 or more slots that fit");
   constexpr int kStride = kWarps * C::kTokens;  // tokens from one of a warp's chunks to its next
@@ -391,6 +397,9 @@ __global__ void __launch_bounds__(kThreads, 4) decode_kv4_kernel(const DecodePar
   const float qs[2] = {__shfl_sync(0xffffffffu, qsum, 8 * quad) * 0x1p-24f,  // heads 2 quad + {0, 1}
                        __shfl_sync(0xffffffffu, qsum, 8 * quad + 4) * 0x1p-24f};
   const float u_log2 = p.scale_log2 * 0x1p24f;
+  KBiasTerm<D> k_bias;
+  if constexpr (kBias) k_bias.init(p, b, head, lane);
+  float bias[C::kBlocks][4];
   WarpState<D> st;
 #pragma unroll
   for (int i = 0; i < D / 16; ++i) st.o[i][0] = st.o[i][1] = st.o[i][2] = st.o[i][3] = 0.f;
@@ -408,10 +417,11 @@ __global__ void __launch_bounds__(kThreads, 4) decode_kv4_kernel(const DecodePar
     issue(t_issue, next_page, free_slot);
     next_page = t_next < tok_end ? table[static_cast<uint32_t>(t_next) / kPageTokens] : 0;
     c.slot = ring_ptr + slot;
+    if constexpr (kBias) k_bias.chunk(p, t, lane, bias);  // a sequence's token t sits at position t
     if (tok_end - t >= C::kTokens)  // split ends are page-aligned: only a sequence's end cuts a chunk
-      attend_chunk<D, false>(c, qb, qs, u_log2, C::kTokens, st, lane);
+      attend_chunk<D, false, kBias>(c, qb, qs, bias, u_log2, C::kTokens, st, lane);
     else
-      attend_chunk<D, true>(c, qb, qs, u_log2, tok_end - t, st, lane);
+      attend_chunk<D, true, kBias>(c, qb, qs, bias, u_log2, tok_end - t, st, lane);
     free_slot = slot;
     slot = slot == kLastSlot ? 0 : slot + C::kSlotBytes;
   }
@@ -422,22 +432,28 @@ __global__ void __launch_bounds__(kThreads, 4) decode_kv4_kernel(const DecodePar
                                       b);
 }
 
-template <int D, int kStages, bool kSplit>
+template <int D, int kStages, bool kSplit, bool kBias>
 cudaError_t launch(const DecodeParams& p, cudaStream_t stream) {
   constexpr int kRingBytes = kStages * kWarps * Chunk<D>::kSlotBytes;
   static qoq_cuda::PerDevice<cudaError_t> opt_in;  // the shared memory opt-in, once per GPU
   const cudaError_t attr = opt_in.get([] {
-    return cudaFuncSetAttribute(decode_kv4_kernel<D, kStages, kSplit>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                kRingBytes);
+    return cudaFuncSetAttribute(decode_kv4_kernel<D, kStages, kSplit, kBias>,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, kRingBytes);
   });
   if (attr != cudaSuccess) return attr;
-  return launch_with_attributes(decode_kv4_kernel<D, kStages, kSplit>, dim3(p.num_splits, p.num_kv_heads, p.batch),
-                                kThreads, kRingBytes, dim3(1, 1, 1), p.dependent, stream, p);
+  return launch_with_attributes(decode_kv4_kernel<D, kStages, kSplit, kBias>,
+                                dim3(p.num_splits, p.num_kv_heads, p.batch), kThreads, kRingBytes, dim3(1, 1, 1),
+                                p.dependent, stream, p);
+}
+
+template <int D, int kStages, bool kBias>
+cudaError_t launch(const DecodeParams& p, cudaStream_t stream) {
+  return p.num_splits > 1 ? launch<D, kStages, true, kBias>(p, stream) : launch<D, kStages, false, kBias>(p, stream);
 }
 
 template <int D, int kStages>
 cudaError_t launch(const DecodeParams& p, cudaStream_t stream) {
-  return p.num_splits > 1 ? launch<D, kStages, true>(p, stream) : launch<D, kStages, false>(p, stream);
+  return p.k_bias != nullptr ? launch<D, kStages, true>(p, stream) : launch<D, kStages, false>(p, stream);
 }
 
 }  // namespace

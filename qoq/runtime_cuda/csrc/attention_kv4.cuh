@@ -26,6 +26,13 @@ struct DecodeParams {
   int64_t page_bytes;
   int page_table_stride, batch, num_kv_heads, group, num_splits, pages_per_split;
   int num_stages;             // ring slots per warp: 2, or 3 (head_dim 128 only)
+  // the k bias kept outside the cache (design §3.4; attention_decode_k_bias.cuh), else k_bias null: b
+  // [H_kv, D] fp32, the RoPE tables [max_pos, D/2] fp32 and their first chunk's rows as the bias mma's A
+  // fragments (attention.py: rope_fragments)
+  const float* k_bias;
+  const float* rope_cos;
+  const float* rope_sin;
+  const uint4* rope_rel;
   float scale_log2;  // softmax scale * log2(e)
   bool dependent;    // Hopper: launched as a programmatic dependent of the kernel ahead, which may write
                      // q and each sequence's last token, not the page table, seq_lens or older tokens
