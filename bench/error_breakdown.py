@@ -105,21 +105,27 @@ def main() -> None:
         done[key] = entry
         return entry
 
-    def quantized(name: str, recipe_path: Path) -> Path:
-        art = work / name
-        key = f"quantize {name}"
-        if not args.report_only and (key not in done or not (art / "qoq.json").exists()):
-            cmd = ("quantize", "--model", args.model, "--recipe", str(recipe_path), "--output", str(art), "--overwrite",
-                   "--device", args.device)
-            q = qoq(*cmd)
-            record(key, {"command": qoq_command(*cmd), "commit": commit(), "seconds": q["seconds"],
-                         "block_rel_err_mean": q["block_rel_err_mean"], "calibration": q["calibration"]})
-        return art
+    def quantized(name: str, recipe_path: Path):
+        """-> a callable giving the artifact, quantized when a row first needs it: a resumed run whose rows
+        of an artifact are all measured does not quantize it again."""
+        def artifact() -> Path:
+            art = work / name
+            key = f"quantize {name}"
+            if key not in done or not (art / "qoq.json").exists():
+                cmd = ("quantize", "--model", args.model, "--recipe", str(recipe_path), "--output", str(art),
+                       "--overwrite", "--device", args.device)
+                q = qoq(*cmd)
+                record(key, {"command": qoq_command(*cmd), "commit": commit(), "seconds": q["seconds"],
+                             "block_rel_err_mean": q["block_rel_err_mean"], "calibration": q["calibration"]})
+            return art
+        return artifact
 
-    def evaluated(label: str, recipe: str | None, art: Path, quantize: str | None) -> dict:
+    def evaluated(label: str, recipe: str | None, artifact, quantize: str | None) -> dict:
         key = f"eval {recipe} {label}"
+        if key not in done and args.report_only:
+            raise SystemExit(f"--report-only: {progress} has no '{key}' row")
         if key not in done:
-            cmd = ("eval", "wikitext2", str(art), "--windows", str(args.windows), "--device", args.device)
+            cmd = ("eval", "wikitext2", str(artifact()), "--windows", str(args.windows), "--device", args.device)
             cmd += ("--quantize", quantize) if quantize else ()
             ev = qoq(*cmd)
             record(key, {"row": label, "recipe": recipe, "artifact_recipe": ev["recipe"], "quantize": quantize,

@@ -79,3 +79,38 @@ def test_shipped_recipe_round_trips(tmp_path):
     raw = shipped_recipe("w4a8kv4g64")
     again = load_recipe(str(write_recipe_toml(raw, tmp_path / "w4a8kv4g64.toml")))
     assert again.to_dict() | {"name": "", "source": ""} == load_recipe("w4a8kv4g64").to_dict() | {"name": "", "source": ""}
+
+
+def test_a_resumed_run_quantizes_only_what_a_missing_row_needs(tmp_path, monkeypatch):
+    """Rows already in runs.jsonl are not measured again, and an artifact whose rows are all there is not
+    quantized again (its files gone, as on a fresh machine): only RTN's twin, for its missing KV4 row."""
+    import sys
+
+    import bench.error_breakdown as eb
+
+    recipe, windows = "w4a8kv4g128-rtn", 4
+    labels = [label for label, which, q in eb.ROWS if not (which == "twin" and q == "none")]
+    done = [{"key": "eval None FP16", "row": "FP16", "recipe": None, "ppl": 10.0, "command": "qoq eval", "commit": "a"}]
+    done += [{"key": f"eval {recipe} {label}", "row": label, "recipe": recipe, "ppl": 11.0, "command": "qoq eval", "commit": "a"}
+             for label in labels if label != "KV4 only"]
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "runs.jsonl").write_text("".join(json.dumps({**r, "model": "m", "windows": windows}) + "\n" for r in done))
+    calls = []
+
+    def fake_qoq(*args):
+        calls.append(args[0])
+        if args[0] == "quantize":
+            return {"seconds": 1.0, "block_rel_err_mean": 0.0, "calibration": {}}
+        return {"recipe": recipe, "ppl": 12.0, "tokens": 8, "seconds": 1.0}
+
+    monkeypatch.setattr(eb, "qoq", fake_qoq)
+    monkeypatch.setattr(eb, "commit", lambda: "abc")
+    out = tmp_path / "eb.json"
+    monkeypatch.setattr(sys, "argv", ["error_breakdown.py", "--model", "m", "--recipes", recipe, "--windows",
+                                      str(windows), "--workdir", str(work), "--out", str(out)])
+    eb.main()
+    assert calls == ["quantize", "eval"]  # RTN's own twin (KV4 with the k bias outside), then its KV4-only row
+    result = json.loads(out.read_text())
+    assert list(result["quantize_runs"]) == [f"{recipe}-twin"]
+    assert {r["row"]: r["ppl"] for r in result["rows"] if r["recipe"] == recipe}["KV4 only"] == 12.0
