@@ -66,7 +66,8 @@ def main():
         diffs = [((a - b).norm() / b.norm()).item() for a, b in list(zip(g.logits, w.logits))[:upto]]
         rows.append({"prompt": prompt, "agree_until": n, "tokens": len(w.token_ids),
                      "max_rel_logit_diff": max(diffs), "first_rel_logit_diff": diffs[0],
-                     "reference_text": engine.tokenizer.decode(w.token_ids), "kernels_text": engine.tokenizer.decode(g.token_ids)})
+                     "reference_text": engine.tokenizer.decode(w.token_ids),
+                     "kernels_text": engine.tokenizer.decode(g.token_ids)})
         print(json.dumps({k: rows[-1][k] for k in ("agree_until", "tokens", "max_rel_logit_diff")}), flush=True)
     summary = {
         "artifact": str(args.artifact), "gpu": torch.cuda.get_device_name(),

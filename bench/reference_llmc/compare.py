@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -94,14 +95,27 @@ def our_rows(model: str, group: int, windows: int, workdir: Path, only: list[str
     return [done[s] for s in schemes(group) if s in done]
 
 
+def first_windows(row: dict, windows: int) -> dict | None:
+    """A row measured on at least `windows` windows, cut to its first `windows` (the GPTQ protocol's windows
+    are consecutive, so they are the shorter run's): ppl = exp(mean NLL) over them; None if it has fewer."""
+    if row["windows"] == windows:
+        return row
+    nll = row.get("nll_per_window") or []
+    if row["windows"] < windows or len(nll) < windows:
+        return None
+    return {**row, "ppl": math.exp(sum(nll[:windows]) / windows), "windows": windows, "nll_per_window": nll[:windows],
+            "cut_from_windows": row["windows"]}
+
+
 def llmc_rows(workdir: Path, windows: int, tokens: Path) -> dict:
-    """llm-compressor's rows on our tokens (the last one of each scheme), by scheme; extra variants
-    (run.py --variant, --pipeline basic) are kept under their own name."""
+    """llm-compressor's rows on our tokens (the last one of each scheme), by scheme, over the first `windows`
+    windows (first_windows); extra variants (run.py --variant, --pipeline basic) are kept under their own
+    name."""
     path = workdir / "rows.jsonl"
     rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
     out = {}
-    for r in rows:
-        if r["windows"] == windows and (r["scheme"] == "fp" or r["calibration"]["source"] == str(tokens)):
+    for r in filter(None, (first_windows(r, windows) for r in rows)):
+        if r["scheme"] == "fp" or r["calibration"]["source"] == str(tokens):
             tags = [t for t in (r.get("variant"), r.get("pipeline") == "basic" and "basic pipeline") if t]
             out[r["scheme"] + (f" ({', '.join(tags)})" if tags else "")] = r
     return out

@@ -200,10 +200,11 @@ def test_decode_attention_rejects_a_bad_k_bias():
     pool = torch.zeros(1, ref.page_bytes(2, 64), dtype=torch.uint8, device="cuda")
     one = torch.ones(1, 1, dtype=torch.int32, device="cuda")
     cos, sin = _rope_tables(64, 64, "cuda")
+    b = torch.zeros(2, 64, device="cuda")
     with pytest.raises(ValueError, match=r"k_bias b must be contiguous fp32 \[2, 64\]"):
-        attention.decode_attention(q, pool, pool, one, one[0], 1, k_bias=(torch.zeros(2, 64, device="cuda").half(), cos, sin))
+        attention.decode_attention(q, pool, pool, one, one[0], 1, k_bias=(b.half(), cos, sin))
     with pytest.raises(ValueError, match="cover max_seq_len 100"):
-        attention.decode_attention(q, pool, pool, one, one[0], 100, k_bias=(torch.zeros(2, 64, device="cuda"), cos, sin))
+        attention.decode_attention(q, pool, pool, one, one[0], 100, k_bias=(b, cos, sin))
 
 
 def test_decode_attention_rejects_unsupported_stages():
