@@ -171,7 +171,10 @@ def main() -> None:
     md = ["# qoq baselines vs llm-compressor (same calibration tokens, same WikiText-2 windows)", "",
           "Written by bench/reference_llmc/compare.py; explanations of the gaps in docs/performance.md.", ""]
     for m, s in allres.items():
-        md += [f"## {m}, WikiText-2 first {s['windows']} windows, {s['tool']}", "",
+        cut = sorted({r["cut_from_windows"] for r in s["llmcompressor_rows"] if r.get("cut_from_windows")})
+        cut_note = [f"llm-compressor's rows: the first {s['windows']} windows of its runs on "
+                    f"{', '.join(map(str, cut))} (their per-window NLLs).", ""] if cut else []
+        md += [f"## {m}, WikiText-2 first {s['windows']} windows, {s['tool']}", "", *cut_note,
                "| scheme | qoq ppl | llm-compressor ppl | llmc / qoq | gap > 5% |", "|---|---|---|---|---|"]
         for row in s["table"]:
             theirs_ppl = "-" if row["llmcompressor_ppl"] is None else f"{row['llmcompressor_ppl']:.3f}"
