@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -178,6 +179,20 @@ def breakdown_rows(results: Path) -> list[dict]:
     return rows
 
 
+def ppl_at_windows(rows: list[dict], model: str, recipe: str, windows: int) -> float | None:
+    """qoq's perplexity of (model, recipe) on the first `windows` windows: a row measured on them, or one
+    measured on more cut to them through its per-window NLLs (the windows are consecutive); None if neither."""
+    mine = sorted((r for r in rows if (r["model"], r["recipe"], r["tool"]) == (model, recipe, "qoq")),
+                  key=lambda r: r["windows"])
+    for r in mine:
+        nll = r.get("nll_per_window") or []
+        if r["windows"] == windows:
+            return r["ppl"]
+        if r["windows"] > windows and len(nll) >= windows:
+            return math.exp(sum(nll[:windows]) / windows)
+    return None
+
+
 def summarize(rows: list[dict]) -> dict:
     """Per model, per recipe: the row with the most windows; the flagship figures on the 1.5B; the W4A4
     comparison on every model that has all three rows at one window count."""
@@ -208,16 +223,20 @@ def summarize(rows: list[dict]) -> dict:
     if not same:
         reasons["gap_closed_g128_1p5b"] = "the 1.5B's fp16, RTN g128 and QoQ g128 rows are not all measured " \
                                           "on the same windows"
-    beats = {}
+    beats, beats_windows = {}, {}
     for model in models:
-        flag, (atom, quarot) = FLAGSHIP[model], W4A4[model]
-        r = models[model].get(flag)
-        others = [models[model].get(x) for x in (atom, quarot)]
-        if r and all(o and o["windows"] == r["windows"] for o in others):
-            beats[model] = all(r["ppl"] < o["ppl"] for o in others)
+        names = (FLAGSHIP[model], *W4A4[model])
+        best = [models[model].get(x) for x in names]
+        windows = min(b["windows"] for b in best) if all(best) else None
+        ppls = [ppl_at_windows(rows, model, x, windows) for x in names] if windows else [None]
+        if all(p is not None for p in ppls):
+            beats[model] = all(ppls[0] < p for p in ppls[1:])
+            beats_windows[model] = windows
         else:
-            reasons[f"qoq_beats_w4a4.{model}"] = f"{flag}, {atom} and {quarot} not all measured on the same windows"
+            reasons[f"qoq_beats_w4a4.{model}"] = f"{', '.join(names)} not all measured on the same windows (or " \
+                                                 "on more, with their per-window NLLs)"
     s["qoq_beats_w4a4"] = beats
+    s["qoq_beats_w4a4_windows"] = beats_windows
     s["targets"] = TARGETS
     s["null_reasons"] = reasons
     return s

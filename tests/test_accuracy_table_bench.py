@@ -35,6 +35,20 @@ def test_figures_on_different_windows_are_not_compared():
     assert s["qoq_beats_w4a4"] == {} and f"qoq_beats_w4a4.{big}" in s["null_reasons"]
 
 
+def test_w4a4_comparison_cuts_a_longer_run_to_the_shorter_windows():
+    """QoQ on 4 windows (its per-window NLLs kept), Atom and QuaRot on 2: compared on the first 2."""
+    model = "qwen2.5-coder-0.5b"
+    qoq_row = {**row(model, "w4a8kv4g128", 20.0, 4), "nll_per_window": [3.0, 3.2, 2.0, 2.0]}
+    # Atom's 22.0 beats QoQ's first-2 perplexity e^3.1 = 22.198, though not its 4-window 20.0
+    rows = [qoq_row, row(model, "atom-w4a4kv4g128", 22.0, 2), row(model, "quarot-w4a4kv4", 40.0, 2)]
+    s = summarize(rows)
+    assert s["qoq_beats_w4a4"] == {model: False} and s["qoq_beats_w4a4_windows"] == {model: 2}
+    rows[1]["ppl"] = 22.5
+    assert summarize(rows)["qoq_beats_w4a4"] == {model: True}
+    del qoq_row["nll_per_window"]  # without them the 4-window row cannot stand for 2 windows
+    assert summarize(rows)["qoq_beats_w4a4"] == {} and f"qoq_beats_w4a4.{model}" in summarize(rows)["null_reasons"]
+
+
 def test_write_merges_llmcompressor_and_breakdown_rows(tmp_path):
     check = {"smollm2-135m": {"commit": "abc", "qoq_rows": [
         {"tool": "qoq", "scheme": "fp", "ppl": 19.1, "windows": 8},
