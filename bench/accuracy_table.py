@@ -33,13 +33,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.qoq_runs import REPO, commit, qoq, qoq_command
+from bench.qoq_runs import REPO, commit, ppl_on_first_windows, qoq, qoq_command
 from qoq.recipe import RECIPE_DIR
 
 RESULTS = REPO / "bench" / "results"
@@ -180,17 +179,11 @@ def breakdown_rows(results: Path) -> list[dict]:
 
 
 def ppl_at_windows(rows: list[dict], model: str, recipe: str, windows: int) -> float | None:
-    """qoq's perplexity of (model, recipe) on the first `windows` windows: a row measured on them, or one
-    measured on more cut to them through its per-window NLLs (the windows are consecutive); None if neither."""
+    """qoq's perplexity of (model, recipe) on the first `windows` windows, from the fewest-window row that has
+    it (ppl_on_first_windows); None if none does."""
     mine = sorted((r for r in rows if (r["model"], r["recipe"], r["tool"]) == (model, recipe, "qoq")),
                   key=lambda r: r["windows"])
-    for r in mine:
-        nll = r.get("nll_per_window") or []
-        if r["windows"] == windows:
-            return r["ppl"]
-        if r["windows"] > windows and len(nll) >= windows:
-            return math.exp(sum(nll[:windows]) / windows)
-    return None
+    return next((p for p in (ppl_on_first_windows(r, windows) for r in mine) if p is not None), None)
 
 
 def summarize(rows: list[dict]) -> dict:

@@ -1,10 +1,11 @@
 """What the accuracy benches (accuracy.py, error_breakdown.py) share: recipe files derived from shipped
-ones, the `qoq` command run in a child process (one model load per process, its JSON back), and the
-commit a number was measured at."""
+ones, the `qoq` command run in a child process (one model load per process, its JSON back), the
+commit a number was measured at, and a perplexity row's figure on fewer windows than it was run on."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -71,3 +72,15 @@ def commit() -> str:
         return os.environ["QOQ_COMMIT"] + " (copy)"
     head = git("rev-parse", "HEAD").strip()
     return head + ("+dirty" if git("status", "--porcelain", "--untracked-files=no").strip() else "")
+
+
+def ppl_on_first_windows(row: dict, windows: int) -> float | None:
+    """A perplexity row's figure on its first `windows` WikiText-2 windows: its own when measured on exactly
+    those, else exp(mean NLL) of the first `windows` of a longer run's `nll_per_window` (the GPTQ protocol's
+    windows are consecutive, so they are the shorter run's); None when it has fewer."""
+    if row["windows"] == windows:
+        return row["ppl"]
+    nll = row.get("nll_per_window") or []
+    if row["windows"] < windows or len(nll) < windows:
+        return None
+    return math.exp(sum(nll[:windows]) / windows)

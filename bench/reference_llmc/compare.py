@@ -19,10 +19,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import subprocess
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from bench.qoq_runs import ppl_on_first_windows  # noqa: E402
 
 SCHEMES = ("fp", "gptq-w4a16g{g}", "awq-w4a16g{g}", "smoothquant-w8a8")
 GAP = 0.05  # a gap past this (either way) needs a written explanation
@@ -96,14 +99,12 @@ def our_rows(model: str, group: int, windows: int, workdir: Path, only: list[str
 
 
 def first_windows(row: dict, windows: int) -> dict | None:
-    """A row measured on at least `windows` windows, cut to its first `windows` (the GPTQ protocol's windows
-    are consecutive, so they are the shorter run's): ppl = exp(mean NLL) over them; None if it has fewer."""
-    if row["windows"] == windows:
-        return row
-    nll = row.get("nll_per_window") or []
-    if row["windows"] < windows or len(nll) < windows:
-        return None
-    return {**row, "ppl": math.exp(sum(nll[:windows]) / windows), "windows": windows, "nll_per_window": nll[:windows],
+    """A row measured on at least `windows` windows, cut to its first `windows` (ppl_on_first_windows); None
+    if it has fewer."""
+    ppl = ppl_on_first_windows(row, windows)
+    if ppl is None or row["windows"] == windows:
+        return None if ppl is None else row
+    return {**row, "ppl": ppl, "windows": windows, "nll_per_window": row["nll_per_window"][:windows],
             "cut_from_windows": row["windows"]}
 
 
