@@ -10,6 +10,7 @@ read back from the pages, prefill and decode alike: chunked prefill and recomput
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
@@ -77,6 +78,9 @@ class ReferenceRunner:
             qc = q[lo:hi].transpose(0, 1)[None]  # [1, Hq, Tq, D]
             if chunk.start == 0:  # the whole prompt: the executor's own call
                 o = F.scaled_dot_product_attention(qc, k[None], v[None], is_causal=True)
+            elif chunk.num_tokens == 1:  # a decode: the decode kernel's fp32 reference, not SDPA, whose
+                # CPU kernel sums in another order on some CPUs: one ulp there flips a code downstream
+                o = ref.softmax_attention(qc[0], k, v, 1 / math.sqrt(qc.shape[-1]), causal=False)[None]
             else:
                 key_pos = torch.arange(chunk.context_len, device=q.device)
                 query_pos = torch.arange(chunk.start, chunk.context_len, device=q.device)

@@ -136,7 +136,7 @@ def rope_kv_write_fp16(qkv, positions, slots, cos, sin, k_pool, v_pool, num_q_he
     return q
 
 
-def _softmax_attention(q, k, v, scale: float, causal: bool) -> torch.Tensor:
+def softmax_attention(q, k, v, scale: float, causal: bool) -> torch.Tensor:
     """fp32 attention, q [Hq, Tq, D], k/v [Hkv, Tk, D] (GQA: query head i uses KV head i // G)."""
     group = q.shape[0] // k.shape[0]
     k, v = k.repeat_interleave(group, 0).float(), v.repeat_interleave(group, 0).float()
@@ -164,7 +164,7 @@ def decode_attention(q, k_pages, v_pages, page_table, seq_lens, scale: float | N
         if k_bias is not None:  # a sequence's cached tokens sit at positions 0..n-1
             k = k + rotated_k_bias(k_bias[0], torch.arange(n, device=k.device), *k_bias[1:]).transpose(0, 1)
         v = dequantize_kv(*read_kv4(v_pages, ids, n, h_kv, d), dtype=torch.float32)
-        out[i] = _softmax_attention(q[i, :, None], k, v, scale, causal=False)[:, 0].to(q.dtype)
+        out[i] = softmax_attention(q[i, :, None], k, v, scale, causal=False)[:, 0].to(q.dtype)
     return out
 
 
@@ -195,6 +195,6 @@ def prefill_attention(q, k, v, cu_seqlens, scale: float | None = None) -> torch.
     out = torch.empty_like(q)
     bounds = cu_seqlens.tolist()
     for lo, hi in zip(bounds[:-1], bounds[1:]):
-        o = _softmax_attention(q[lo:hi].transpose(0, 1), k[lo:hi].transpose(0, 1), v[lo:hi].transpose(0, 1), scale, True)
+        o = softmax_attention(q[lo:hi].transpose(0, 1), k[lo:hi].transpose(0, 1), v[lo:hi].transpose(0, 1), scale, True)
         out[lo:hi] = o.transpose(0, 1).to(q.dtype)
     return out
