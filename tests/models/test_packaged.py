@@ -39,12 +39,16 @@ def test_entries_name_their_wheels_parts_and_extras():
     assert PACKAGED["smollm2-135m"].cache_dir().name == "smollm2-135m"
 
 
-def test_pyproject_extras_pin_the_same_wheels():
+def _extras() -> dict[str, list[str]]:
     import tomllib
     from pathlib import Path
 
-    extras = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())[
+    return tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())[
         "project"]["optional-dependencies"]
+
+
+def test_pyproject_extras_pin_the_same_wheels():
+    extras = _extras()
     for extra, name in (("qwen-0-5b", "qwen2.5-coder-0.5b"), ("qwen-1-5b", "qwen2.5-coder-1.5b")):
         entry = PACKAGED[name]
         assert [r for r in extras[extra] if "part" in r] == [f"{w}=={entry.version}" for w in entry.wheels]
@@ -54,12 +58,8 @@ def test_extra_names_are_already_normalized():
     """setuptools writes extras normalized (PEP 685: runs of '-_.' become '-'); a pip older than 24 matches
     the name as typed, so `qoq[qwen-0.5b]` would install nothing: every extra must be its own normal form."""
     import re
-    import tomllib
-    from pathlib import Path
 
-    extras = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())[
-        "project"]["optional-dependencies"]
-    assert [e for e in extras if re.sub(r"[-_.]+", "-", e).lower() != e] == []
+    assert [e for e in _extras() if re.sub(r"[-_.]+", "-", e).lower() != e] == []
 
 
 def test_parts_are_concatenated_in_order_and_verified(fake_wheels, tmp_path):
